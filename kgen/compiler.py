@@ -1,0 +1,149 @@
+"""NVRTC compilation of rendered source to a cubin, and the ptxas resource report.
+
+Compilation goes through ``cuda.core.Program``. The ``-v`` log of ptxas is
+parsed into a :class:`BuildRecord` (registers, spills, stack, shared memory per
+entry), which ``kgen build`` prints and which gates spills.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import cuda.pathfinder
+from cuda.core import Program, ProgramOptions
+
+_ENTRY = re.compile(r"Compiling entry function '(\w+)'")
+_PROPS = re.compile(r"Function properties for (\w+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_DIAGNOSTIC = re.compile(r"^\S+?\((\d+)\): (error|catastrophic error)", re.M)
+_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+
+
+@dataclass
+class EntryResources:
+    registers: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    stack_bytes: int = 0
+    static_smem_bytes: int = 0
+
+
+@dataclass
+class BuildRecord:
+    """What ptxas reported for one compiled variant."""
+
+    arch: str
+    compile_ms: float
+    entries: dict[str, EntryResources] = field(default_factory=dict)
+
+    @property
+    def spills(self) -> int:
+        return sum(e.spill_stores + e.spill_loads for e in self.entries.values())
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "BuildRecord":
+        entries = {k: EntryResources(**v) for k, v in data["entries"].items()}
+        return cls(arch=data["arch"], compile_ms=data["compile_ms"], entries=entries)
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected a rendered variant; the message quotes the offending lines."""
+
+
+def parse_ptxas_log(log: str) -> dict[str, EntryResources]:
+    entries: dict[str, EntryResources] = {}
+    current = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            current = entries.setdefault(m.group(1), EntryResources())
+        elif m := _PROPS.search(line):
+            # Properties of a non-inlined device function are not an entry's.
+            current = entries.get(m.group(1))
+        elif current is not None and (m := _FRAME.search(line)):
+            current.stack_bytes, current.spill_stores, current.spill_loads = map(int, m.groups())
+        elif current is not None and (m := _REGS.search(line)):
+            current.registers = int(m.group(1))
+            if s := _SMEM.search(line):
+                current.static_smem_bytes = int(s.group(1))
+    return entries
+
+
+@functools.lru_cache(maxsize=None)
+def include_dirs() -> tuple[str, ...]:
+    """The CUDA runtime headers (``cuda_bf16.h`` and friends) from the ``nvidia-cuda-runtime`` wheel or a toolkit."""
+    found = cuda.pathfinder.find_nvidia_header_directory("cudart")
+    if found is None:
+        raise RuntimeError("CUDA runtime headers not found; install nvidia-cuda-runtime (pip install nvidia-cuda-runtime)")
+    return (found,)
+
+
+def header_digest(source: str) -> bytes:
+    """A digest of every header ``source`` includes from the include path, followed transitively.
+
+    The cache key must change when a header changes; headers NVRTC provides
+    itself (not found on the include path) are covered by the NVRTC version.
+    """
+    digest = hashlib.sha256()
+    seen: set[Path] = set()
+    pending = [source]
+    while pending:
+        for name in _INCLUDE.findall(pending.pop()):
+            for folder in include_dirs():
+                path = Path(folder, name)
+                if path.is_file() and path not in seen:
+                    seen.add(path)
+                    data = path.read_bytes()
+                    digest.update(f"{name}\0{len(data)}\0".encode() + data)
+                    pending.append(data.decode("utf-8", "replace"))
+                    break
+    return digest.digest()
+
+
+def program_options(arch: str, name: str) -> ProgramOptions:
+    return ProgramOptions(
+        name=name,
+        arch=arch,
+        std="c++17",
+        include_path=list(include_dirs()),
+        ptxas_options=["-v"],
+        use_fast_math=False,
+    )
+
+
+def _quote_errors(source: str, nvrtc_log: str, context: int = 2) -> str:
+    lines = source.splitlines()
+    shown = []
+    for m in _DIAGNOSTIC.finditer(nvrtc_log):
+        at = int(m.group(1))
+        for n in range(max(1, at - context), min(len(lines), at + context) + 1):
+            shown.append(f"{'>' if n == at else ' '}{n:5d} | {lines[n - 1]}")
+        shown.append("")
+    return "\n".join(shown)
+
+
+def compile_cubin(source: str, arch: str, variant_name: str) -> tuple[bytes, BuildRecord]:
+    """Compile ``source`` for ``arch`` (``sm_90a``); raise :class:`CompileError` with context on failure."""
+    log = io.StringIO()
+    started = time.perf_counter()
+    try:
+        code = Program(source, "c++", options=program_options(arch, "kgen_variant")).compile("cubin", logs=log)
+    except Exception as exc:  # cuda.core raises its NVRTCError (not public API) with the log in the message
+        message = str(exc)
+        raise CompileError(
+            f"NVRTC failed to compile {variant_name} for {arch}:\n{message}\n"
+            f"Rendered lines (run `kgen render` for the whole source):\n{_quote_errors(source, message)}"
+        ) from None
+    elapsed_ms = (time.perf_counter() - started) * 1e3
+    record = BuildRecord(arch=arch, compile_ms=elapsed_ms, entries=parse_ptxas_log(log.getvalue()))
+    return bytes(code.code), record

@@ -1,0 +1,103 @@
+"""The pipeline for one variant: render → key → disk cache or NVRTC → loaded module.
+
+``build`` needs no GPU (it is what ``kgen build`` and CI run); ``load`` adds the
+driver step and keeps the module in memory, so a repeated call touches no disk.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from cuda.core import Device, Kernel, ObjectCode
+
+from kgen import config
+from kgen.cache import CacheEntry, DiskCache, cache_key, warn_once
+from kgen.compiler import BuildRecord, compile_cubin
+from kgen.registry import Variant
+from kgen.render import render
+
+
+@dataclass
+class BuildResult:
+    variant: Variant
+    arch: str
+    key: str
+    cubin: bytes
+    record: BuildRecord
+    #: True when the cubin came from the disk cache, False when this call compiled it.
+    cache_hit: bool
+
+
+def arch_of(major: int, minor: int) -> str:
+    # Hopper and later need the arch-specific target ("a") for wgmma, setmaxnreg and friends.
+    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+
+
+def device_arch() -> str:
+    """``KGEN_ARCH`` if set, else the current device's arch."""
+    override = config.arch_override()
+    if override:
+        return override
+    cc = Device().compute_capability
+    return arch_of(cc.major, cc.minor)
+
+
+def build(variant: Variant, arch: str | None = None) -> BuildResult:
+    """The cubin of ``variant`` for ``arch``, from the disk cache or compiled (and then cached)."""
+    arch = arch or device_arch()
+    source = render(variant)
+    key = cache_key(source, arch)
+    cache = DiskCache(config.cache_dir())
+    entry = cache.get(key)
+    if entry is not None:
+        return BuildResult(variant, arch, key, entry.cubin, entry.record, cache_hit=True)
+    try:
+        lock = cache.lock(key)
+        lock.acquire()
+    except OSError as exc:
+        warn_once("unwritable", str(cache.root),
+                  f"kgen: cache folder {cache.root} is not usable ({exc}); compiling in memory")
+        cubin, record = compile_cubin(source, arch, variant.name)
+        return BuildResult(variant, arch, key, cubin, record, cache_hit=False)
+    try:
+        # Another process may have built it while this one waited for the lock.
+        entry = cache.get(key)
+        if entry is not None:
+            return BuildResult(variant, arch, key, entry.cubin, entry.record, cache_hit=True)
+        cubin, record = compile_cubin(source, arch, variant.name)
+        try:
+            cache.put(key, CacheEntry(cubin, record, variant.name))
+        except OSError as exc:
+            warn_once("unwritable", str(cache.root), f"kgen: cannot write to cache folder {cache.root} ({exc})")
+        return BuildResult(variant, arch, key, cubin, record, cache_hit=False)
+    finally:
+        lock.release()
+
+
+class KernelModule:
+    """A variant's cubin loaded into the driver, with its entry kernels."""
+
+    def __init__(self, result: BuildResult):
+        self.result = result
+        self.object_code = ObjectCode.from_cubin(result.cubin, name=result.variant.name)
+        self._kernels: dict[str, Kernel] = {}
+
+    def kernel(self, entry: str) -> Kernel:
+        kernel = self._kernels.get(entry)
+        if kernel is None:
+            if entry not in self.result.variant.family.entries:
+                raise KeyError(f"{self.result.variant.name} has no entry {entry!r}; "
+                               f"entries: {list(self.result.variant.family.entries)}")
+            kernel = self._kernels[entry] = self.object_code.get_kernel(entry)
+        return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _load(variant_name: str, template_dirs: tuple, arch: str, variant: Variant) -> KernelModule:
+    return KernelModule(build(variant, arch))
+
+
+def load(variant: Variant) -> KernelModule:
+    """The loaded module of ``variant`` for the current device, built or read from disk on first use only."""
+    return _load(variant.name, variant.family.template_dirs, device_arch(), variant)

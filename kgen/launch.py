@@ -1,0 +1,64 @@
+"""Launching a loaded kernel with cuda.core on PyTorch's current stream.
+
+The hot path is a few dictionary look-ups and ``cuda.core.launch``: stream
+wrappers and launch configurations are cached, so a repeated call allocates
+nothing on the host and never synchronises with the device (and so can be
+captured in a CUDA graph).
+"""
+
+from __future__ import annotations
+
+import torch
+from cuda.bindings import driver
+from cuda.core import Kernel, LaunchConfig, Stream, launch
+
+#: Above this, a kernel must opt in to dynamic shared memory (cuFuncSetAttribute).
+DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
+_MAX_CACHED_CONFIGS = 4096
+
+_streams: dict[int, Stream] = {}
+
+
+def current_stream(device_index: int) -> Stream:
+    """The cuda.core view of torch's current stream on ``device_index``, cached per raw handle."""
+    # torch.cuda.current_stream() builds a Python Stream object per call (about
+    # 1 us); the raw handle is what cuda.core needs, and it is what Triton reads too.
+    handle = torch._C._cuda_getCurrentRawStream(device_index)
+    stream = _streams.get(handle)
+    if stream is None:
+        stream = _streams[handle] = Stream.from_handle(handle)
+    return stream
+
+
+def _check(result) -> None:
+    err = result[0] if isinstance(result, tuple) else result
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA driver call failed: {err}")
+
+
+class KernelLauncher:
+    """One kernel with a fixed block shape and dynamic shared memory size."""
+
+    def __init__(self, kernel: Kernel, threads: int, dynamic_smem: int = 0):
+        self.kernel = kernel
+        self.threads = threads
+        self.dynamic_smem = dynamic_smem
+        self._configs: dict[int | tuple, LaunchConfig] = {}
+        self._smem_ready: set[int] = set()
+
+    def _allow_dynamic_smem(self, device_index: int) -> None:
+        _check(driver.cuKernelSetAttribute(
+            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            self.dynamic_smem, self.kernel.handle, device_index))
+        self._smem_ready.add(device_index)
+
+    def __call__(self, device_index: int, grid: int | tuple, *args) -> None:
+        """Launch on ``grid`` on torch's current stream of ``device_index``; ``args`` are typed (numpy scalars, int pointers)."""
+        config = self._configs.get(grid)
+        if config is None:
+            if len(self._configs) >= _MAX_CACHED_CONFIGS:
+                self._configs.clear()
+            config = self._configs[grid] = LaunchConfig(grid=grid, block=self.threads, shmem_size=self.dynamic_smem)
+        if self.dynamic_smem > DEFAULT_DYNAMIC_SMEM_LIMIT and device_index not in self._smem_ready:
+            self._allow_dynamic_smem(device_index)
+        launch(current_stream(device_index), config, self.kernel, *args)

@@ -1,0 +1,43 @@
+"""Rendering a variant's Jinja template into the exact CUDA source NVRTC compiles.
+
+Shared device headers (``templates/common/*.cuh``) are pulled in with Jinja's
+``{% include %}``, so the rendered text is self-contained: what ``kgen render``
+prints is byte for byte what is compiled and what the cache key hashes.
+Undefined template variables are errors (``StrictUndefined``), never empty text.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import jinja2
+
+from kgen.registry import Variant
+
+#: C++ spellings of the spec's dtype names.
+CUDA_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
+
+
+@functools.lru_cache(maxsize=None)
+def _environment(template_dirs: tuple[Path, ...]) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(d) for d in template_dirs]),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def render(variant: Variant) -> str:
+    """The CUDA source of ``variant``."""
+    family = variant.family
+    template = _environment(family.template_dirs).get_template(family.template)
+    params = variant.param_dict
+    context = dict(params, family=family.name, variant_name=variant.name, entries=family.entries)
+    if "dtype" in params:
+        context["cuda_type"] = CUDA_TYPES[params["dtype"]]
+    header = f"// kgen: {variant.name}\n"
+    return header + template.render(**context)

@@ -1,0 +1,179 @@
+"""Reading one spec file: safe YAML, schema validation, errors that point at a line.
+
+A spec file declares a kernel family's variant space: axes with allowed values
+(their cross product), exclusions and defaults. Every problem, whatever its
+kind (bad YAML, a wrong type, an unknown key, an exclusion naming an axis the
+file does not have) is raised as :class:`SpecError` carrying the file, the key
+path and the line, so a user never sees a stray traceback from a YAML file.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from kgen.spec_schema import SPEC_SCHEMA
+
+_VALIDATOR = jsonschema.Draft202012Validator(SPEC_SCHEMA)
+
+
+class SpecError(ValueError):
+    """A spec file is malformed. ``str()`` reads ``file:line: key.path: problem``."""
+
+    def __init__(self, file: Path | str, key_path: str, line: int | None, problem: str):
+        self.file, self.key_path, self.line, self.problem = str(file), key_path, line, problem
+        where = f"{self.file}:{line}" if line else self.file
+        super().__init__(f"{where}: {key_path or '<top>'}: {problem}")
+
+
+@dataclass(frozen=True)
+class SpecFile:
+    """One validated spec file."""
+
+    path: Path
+    family: str
+    template: str | None
+    entries: tuple[str, ...] | None
+    allow_spills: bool
+    axes: dict[str, tuple]
+    defaults: dict[str, Any]
+    #: Each variant as (axis, value) pairs in axis order, after exclusions.
+    assignments: tuple[tuple[tuple[str, Any], ...], ...]
+
+
+def _format_path(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _child(node: yaml.Node, part) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if key.value == str(part):
+                return value
+    elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+        return node.value[part]
+    return None
+
+
+def _key_node(node: yaml.Node, key: str) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        for key_node, _ in node.value:
+            if key_node.value == key:
+                return key_node
+    return None
+
+
+def _line_of(root: yaml.Node, path) -> int | None:
+    node = root
+    for part in path:
+        nxt = _child(node, part)
+        if nxt is None:
+            break
+        node = nxt
+    return node.start_mark.line + 1
+
+
+def _check_duplicate_keys(node: yaml.Node, file: Path, path: tuple = ()) -> None:
+    """PyYAML keeps the last of two equal keys; in a spec that hides a mistake, so refuse it."""
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for key, value in node.value:
+            if key.value in seen:
+                raise SpecError(file, _format_path(path + (key.value,)), key.start_mark.line + 1, "duplicate key")
+            seen.add(key.value)
+            _check_duplicate_keys(value, file, path + (key.value,))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicate_keys(item, file, path + (i,))
+
+
+def _schema_error(error: jsonschema.ValidationError, root: yaml.Node, file: Path) -> SpecError:
+    path = tuple(error.absolute_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = set(error.schema.get("properties", {}))
+        unknown = sorted(str(k) for k in error.instance if k not in allowed)
+        parent = root
+        for part in path:
+            parent = _child(parent, part) or parent
+        key = _key_node(parent, unknown[0]) if unknown else None
+        line = key.start_mark.line + 1 if key is not None else _line_of(root, path)
+        return SpecError(file, _format_path(path + tuple(unknown[:1])), line,
+                         f"unknown key {unknown[0]!r}; allowed: {sorted(allowed)}")
+    return SpecError(file, _format_path(path), _line_of(root, path), error.message)
+
+
+def _parse(text: str, file: Path) -> tuple[Any, yaml.Node]:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise SpecError(file, "", mark.line + 1 if mark else None, f"invalid YAML: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(file, "", None, f"invalid YAML: {exc}") from None
+    if root is None:
+        raise SpecError(file, "", None, "empty spec file")
+    return data, root
+
+
+def _check_assignment(data: dict, section: str, root: yaml.Node, file: Path) -> None:
+    """Exclusions and defaults may only name this file's axes and their listed values."""
+    items = data.get(section, [])
+    for index, assignment in enumerate(items if isinstance(items, list) else [items]):
+        base = (section, index) if isinstance(items, list) else (section,)
+        for axis, value in assignment.items():
+            if axis not in data["axes"]:
+                raise SpecError(file, _format_path(base + (axis,)), _line_of(root, base + (axis,)),
+                                f"{axis!r} is not an axis of this spec; axes: {sorted(data['axes'])}")
+            if section == "defaults" and value not in data["axes"][axis]:
+                raise SpecError(file, _format_path(base + (axis,)), _line_of(root, base + (axis,)),
+                                f"default {value!r} is not among the axis values {data['axes'][axis]}")
+
+
+def _expand(axes: dict[str, list], exclusions: list[dict]) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    names = list(axes)
+    out = []
+    for values in itertools.product(*(axes[n] for n in names)):
+        assignment = dict(zip(names, values))
+        if any(all(assignment[k] == v for k, v in ex.items()) for ex in exclusions):
+            continue
+        out.append(tuple(assignment.items()))
+    return tuple(out)
+
+
+def load_spec_file(path: Path | str) -> SpecFile:
+    """Read, validate and expand one spec file, or raise :class:`SpecError`."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(file, "", None, f"cannot read: {exc}") from None
+    data, root = _parse(text, file)
+    _check_duplicate_keys(root, file)
+    error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(data))
+    if error is not None:
+        raise _schema_error(error, root, file)
+    _check_assignment(data, "exclude", root, file)
+    _check_assignment(data, "defaults", root, file)
+    assignments = _expand(data["axes"], data.get("exclude", []))
+    if not assignments:
+        raise SpecError(file, "exclude", _line_of(root, ("exclude",)), "the exclusions remove every variant")
+    entries = data.get("entries")
+    return SpecFile(
+        path=file,
+        family=data["family"],
+        template=data.get("template"),
+        entries=tuple(entries) if entries else None,
+        allow_spills=data.get("allow_spills", False),
+        axes={k: tuple(v) for k, v in data["axes"].items()},
+        defaults=dict(data.get("defaults", {})),
+        assignments=assignments,
+    )

@@ -1,0 +1,45 @@
+// Element types, conversions to and from fp32, and 16-byte vector access.
+// Included into rendered sources with Jinja, so `kgen render` shows it inline.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace kgen {
+
+template <class T> __device__ __forceinline__ float to_f32(T x);
+template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// 16 bytes of T: the widest access one thread can make in one instruction.
+template <class T>
+struct alignas(16) Vec16 {
+    static constexpr int kSize = 16 / sizeof(T);
+    T elem[kSize];
+};
+
+// Streaming 16-byte load/store (evict-first): for data each kernel touches once,
+// so it does not push reusable lines out of L2.
+template <class T>
+__device__ __forceinline__ Vec16<T> load_streaming(const T* ptr) {
+    uint4 raw = __ldcs(reinterpret_cast<const uint4*>(ptr));
+    Vec16<T> out;
+    memcpy(&out, &raw, sizeof(raw));
+    return out;
+}
+
+template <class T>
+__device__ __forceinline__ void store_streaming(T* ptr, const Vec16<T>& value) {
+    uint4 raw;
+    memcpy(&raw, &value, sizeof(raw));
+    __stcs(reinterpret_cast<uint4*>(ptr), raw);
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
+
+}  // namespace kgen
