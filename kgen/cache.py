@@ -4,9 +4,8 @@
   the NVRTC options, the arch, the target and NVRTC's version, with an extra
   digest of kgen's version and of every header the source includes. Nothing
   else goes in, so the same inputs always hit and any changed input misses.
-* **Entry.** ``MAGIC | header length | JSON header | cubin``; the header holds
-  the cubin's SHA-256. A truncated or corrupt entry is a miss: it is reported
-  once and rebuilt.
+* **Entry.** ``MAGIC | SHA-256 of the rest | header length | JSON header | cubin``.
+  A truncated or corrupt entry is a miss: it is reported once and rebuilt.
 * **Publish.** Write to a temporary file in the same folder, then
   ``os.replace``: a reader sees the old entry, the new one, or none.
 * **Single flight.** Builders take a ``filelock`` per key and re-check the
@@ -29,10 +28,11 @@ import filelock
 from cuda.core.utils import make_program_cache_key
 
 from kgen import __version__
-from kgen.compiler import BuildRecord, header_digest, program_options
+from kgen.compiler import PROGRAM_NAME, BuildRecord, header_digest, program_options
 
-_MAGIC = b"KGENCUBIN1"
+_MAGIC = b"KGENCUBIN2"
 _HEADER_LEN = struct.Struct("<I")
+_DIGEST_LEN = 32  # SHA-256
 _SUFFIX = ".cubin.kgen"
 _warned: set[tuple[str, str]] = set()
 
@@ -46,7 +46,7 @@ def warn_once(kind: str, subject: str, message: str) -> None:
 def cache_key(source: str, arch: str) -> str:
     extra = hashlib.sha256(f"kgen {__version__}\0".encode() + header_digest(source)).digest()
     key = make_program_cache_key(
-        code=source, code_type="c++", options=program_options(arch, "kgen_variant"),
+        code=source, code_type="c++", options=program_options(arch, PROGRAM_NAME),
         target_type="cubin", extra_digest=extra,
     )
     return key.hex()
@@ -62,24 +62,28 @@ class CacheEntry:
 def encode_entry(entry: CacheEntry) -> bytes:
     header = json.dumps({
         "variant": entry.variant_name,
-        "sha256": hashlib.sha256(entry.cubin).hexdigest(),
         "size": len(entry.cubin),
         "record": entry.record.to_json(),
     }).encode()
-    return _MAGIC + _HEADER_LEN.pack(len(header)) + header + entry.cubin
+    payload = _HEADER_LEN.pack(len(header)) + header + entry.cubin
+    return _MAGIC + hashlib.sha256(payload).digest() + payload
 
 
 def decode_entry(blob: bytes) -> CacheEntry:
-    """Parse an entry, or raise ``ValueError`` if it is not exactly what was written."""
+    """Parse an entry, or raise ``ValueError`` if it is not exactly what was written.
+
+    The digest covers the header (build record, variant name) as well as the cubin.
+    """
     if not blob.startswith(_MAGIC):
         raise ValueError("bad magic")
-    offset = len(_MAGIC)
-    (header_len,) = _HEADER_LEN.unpack_from(blob, offset)
-    offset += _HEADER_LEN.size
-    header = json.loads(blob[offset:offset + header_len])
-    cubin = blob[offset + header_len:]
-    if len(cubin) != header["size"] or hashlib.sha256(cubin).hexdigest() != header["sha256"]:
-        raise ValueError("cubin does not match its digest")
+    digest, payload = blob[len(_MAGIC):len(_MAGIC) + _DIGEST_LEN], blob[len(_MAGIC) + _DIGEST_LEN:]
+    if hashlib.sha256(payload).digest() != digest:
+        raise ValueError("entry does not match its digest")
+    (header_len,) = _HEADER_LEN.unpack_from(payload, 0)
+    header = json.loads(payload[_HEADER_LEN.size:_HEADER_LEN.size + header_len])
+    cubin = payload[_HEADER_LEN.size + header_len:]
+    if len(cubin) != header["size"]:
+        raise ValueError("cubin size does not match its header")
     return CacheEntry(cubin, BuildRecord.from_json(header["record"]), header["variant"])
 
 

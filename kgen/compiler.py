@@ -23,7 +23,9 @@ _PROPS = re.compile(r"Function properties for (\w+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
-_DIAGNOSTIC = re.compile(r"^\S+?\((\d+)\): (error|catastrophic error)", re.M)
+PROGRAM_NAME = "kgen_variant"
+# Only diagnostics located in the rendered source itself; those in included headers carry the header's name.
+_DIAGNOSTIC = re.compile(rf"^{PROGRAM_NAME}\((\d+)\): (error|catastrophic error)", re.M)
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
 
@@ -91,23 +93,36 @@ def include_dirs() -> tuple[str, ...]:
 def header_digest(source: str) -> bytes:
     """A digest of every header ``source`` includes from the include path, followed transitively.
 
-    The cache key must change when a header changes; headers NVRTC provides
-    itself (not found on the include path) are covered by the NVRTC version.
+    The cache key must change when a header changes. Like NVRTC, a header's own
+    includes are looked up in its folder first, then on the include path;
+    headers NVRTC provides itself (found nowhere here) are covered by the NVRTC
+    version. Headers are read once per process (they belong to installed
+    packages); :func:`forget_headers` makes the next call read them again.
     """
+    return _closure_digest(tuple(_INCLUDE.findall(source)), include_dirs())
+
+
+@functools.lru_cache(maxsize=64)
+def _closure_digest(names: tuple[str, ...], folders: tuple[str, ...]) -> bytes:
     digest = hashlib.sha256()
     seen: set[Path] = set()
-    pending = [source]
+    pending: list[tuple[tuple[str, ...], Path | None]] = [(names, None)]
     while pending:
-        for name in _INCLUDE.findall(pending.pop()):
-            for folder in include_dirs():
-                path = Path(folder, name)
-                if path.is_file() and path not in seen:
-                    seen.add(path)
-                    data = path.read_bytes()
-                    digest.update(f"{name}\0{len(data)}\0".encode() + data)
-                    pending.append(data.decode("utf-8", "replace"))
-                    break
+        includes, including_folder = pending.pop()
+        for name in includes:
+            search = ([including_folder] if including_folder else []) + [Path(d) for d in folders]
+            path = next((f / name for f in search if (f / name).is_file()), None)
+            if path is not None and path not in seen:
+                seen.add(path)
+                data = path.read_bytes()
+                digest.update(f"{name}\0{len(data)}\0".encode() + data)
+                pending.append((tuple(_INCLUDE.findall(data.decode("utf-8", "replace"))), path.parent))
     return digest.digest()
+
+
+def forget_headers() -> None:
+    """Drop the per-process header digests (after editing a header in place)."""
+    _closure_digest.cache_clear()
 
 
 def program_options(arch: str, name: str) -> ProgramOptions:
@@ -137,7 +152,7 @@ def compile_cubin(source: str, arch: str, variant_name: str) -> tuple[bytes, Bui
     log = io.StringIO()
     started = time.perf_counter()
     try:
-        code = Program(source, "c++", options=program_options(arch, "kgen_variant")).compile("cubin", logs=log)
+        code = Program(source, "c++", options=program_options(arch, PROGRAM_NAME)).compile("cubin", logs=log)
     except Exception as exc:  # cuda.core raises its NVRTCError (not public API) with the log in the message
         message = str(exc)
         raise CompileError(

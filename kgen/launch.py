@@ -37,28 +37,29 @@ def _check(result) -> None:
 
 
 class KernelLauncher:
-    """One kernel with a fixed block shape and dynamic shared memory size."""
+    """One kernel on one device, with a fixed block shape and dynamic shared memory size."""
 
-    def __init__(self, kernel: Kernel, threads: int, dynamic_smem: int = 0):
+    def __init__(self, kernel: Kernel, device_index: int, threads: int, dynamic_smem: int = 0):
         self.kernel = kernel
+        self.device_index = device_index
         self.threads = threads
         self.dynamic_smem = dynamic_smem
         self._configs: dict[int | tuple, LaunchConfig] = {}
-        self._smem_ready: set[int] = set()
+        if dynamic_smem > DEFAULT_DYNAMIC_SMEM_LIMIT:
+            _check(driver.cuKernelSetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                dynamic_smem, kernel.handle, device_index))
 
-    def _allow_dynamic_smem(self, device_index: int) -> None:
-        _check(driver.cuKernelSetAttribute(
-            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            self.dynamic_smem, self.kernel.handle, device_index))
-        self._smem_ready.add(device_index)
+    def _new_config(self, grid: int | tuple) -> LaunchConfig:
+        if len(self._configs) >= _MAX_CACHED_CONFIGS:
+            self._configs.clear()
+        config = self._configs[grid] = LaunchConfig(grid=grid, block=self.threads, shmem_size=self.dynamic_smem)
+        return config
 
-    def __call__(self, device_index: int, grid: int | tuple, *args) -> None:
-        """Launch on ``grid`` on torch's current stream of ``device_index``; ``args`` are typed (numpy scalars, int pointers)."""
-        config = self._configs.get(grid)
-        if config is None:
-            if len(self._configs) >= _MAX_CACHED_CONFIGS:
-                self._configs.clear()
-            config = self._configs[grid] = LaunchConfig(grid=grid, block=self.threads, shmem_size=self.dynamic_smem)
-        if self.dynamic_smem > DEFAULT_DYNAMIC_SMEM_LIMIT and device_index not in self._smem_ready:
-            self._allow_dynamic_smem(device_index)
-        launch(current_stream(device_index), config, self.kernel, *args)
+    def __call__(self, grid: int | tuple, *args) -> None:
+        """Launch on ``grid`` on torch's current stream; ``args`` are int pointers, Python ints (64-bit) or numpy scalars.
+
+        The caller makes this launcher's device the current one.
+        """
+        config = self._configs.get(grid) or self._new_config(grid)
+        launch(current_stream(self.device_index), config, self.kernel, *args)

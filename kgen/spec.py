@@ -81,18 +81,56 @@ def _line_of(root: yaml.Node, path) -> int | None:
     return node.start_mark.line + 1
 
 
-def _check_duplicate_keys(node: yaml.Node, file: Path, path: tuple = ()) -> None:
-    """PyYAML keeps the last of two equal keys; in a spec that hides a mistake, so refuse it."""
+def _children(node: yaml.Node, path: tuple) -> list[tuple[yaml.Node, tuple]]:
     if isinstance(node, yaml.MappingNode):
-        seen = set()
-        for key, value in node.value:
-            if key.value in seen:
-                raise SpecError(file, _format_path(path + (key.value,)), key.start_mark.line + 1, "duplicate key")
-            seen.add(key.value)
-            _check_duplicate_keys(value, file, path + (key.value,))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _check_duplicate_keys(item, file, path + (i,))
+        return [(value, path + (key.value,)) for key, value in node.value]
+    if isinstance(node, yaml.SequenceNode):
+        return [(item, path + (i,)) for i, item in enumerate(node.value)]
+    return []
+
+
+def _check_nodes(root: yaml.Node, file: Path) -> None:
+    """Refuse duplicate keys and self-referencing aliases, walking the node graph without recursion.
+
+    PyYAML keeps the last of two equal keys, which in a spec hides a mistake; an
+    alias inside its own anchor would make validation recurse forever.
+    """
+    stack: list[tuple[yaml.Node, tuple, bool]] = [(root, (), False)]
+    on_path: set[int] = set()
+    while stack:
+        node, path, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(node))
+            continue
+        if id(node) in on_path:
+            raise SpecError(file, _format_path(path), node.start_mark.line + 1, "an alias refers to its own anchor")
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key, _ in node.value:
+                if key.value in seen:
+                    raise SpecError(file, _format_path(path + (key.value,)), key.start_mark.line + 1, "duplicate key")
+                seen.add(key.value)
+        on_path.add(id(node))
+        stack.append((node, path, True))
+        stack.extend((child, child_path, False) for child, child_path in reversed(_children(node, path)))
+
+
+def _unconstructible_line(root: yaml.Node) -> int | None:
+    """The line of the first scalar PyYAML cannot turn into a value (``!!int abc``)."""
+    loader = yaml.SafeLoader("")
+    stack, visited = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                loader.construct_object(node)
+            except Exception:
+                return node.start_mark.line + 1
+        stack.extend(child for child, _ in _children(node, ()))
+    return None
 
 
 def _schema_error(error: jsonschema.ValidationError, root: yaml.Node, file: Path) -> SpecError:
@@ -111,6 +149,7 @@ def _schema_error(error: jsonschema.ValidationError, root: yaml.Node, file: Path
 
 
 def _parse(text: str, file: Path) -> tuple[Any, yaml.Node]:
+    root = None
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -119,6 +158,12 @@ def _parse(text: str, file: Path) -> tuple[Any, yaml.Node]:
         raise SpecError(file, "", mark.line + 1 if mark else None, f"invalid YAML: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
         raise SpecError(file, "", None, f"invalid YAML: {exc}") from None
+    except RecursionError:
+        raise SpecError(file, "", None, "invalid YAML: nested too deeply") from None
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+        # PyYAML's constructors raise these for a malformed tagged scalar (``!!int abc``).
+        line = _unconstructible_line(root) if root is not None else None
+        raise SpecError(file, "", line, f"invalid YAML value: {exc}") from None
     if root is None:
         raise SpecError(file, "", None, "empty spec file")
     return data, root
@@ -157,7 +202,7 @@ def load_spec_file(path: Path | str) -> SpecFile:
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(file, "", None, f"cannot read: {exc}") from None
     data, root = _parse(text, file)
-    _check_duplicate_keys(root, file)
+    _check_nodes(root, file)
     error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(data))
     if error is not None:
         raise _schema_error(error, root, file)

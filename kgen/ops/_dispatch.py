@@ -27,9 +27,10 @@ def tail_pair(family: str, **required: Any) -> tuple[Variant, Variant]:
     return with_tail, without_tail
 
 
-def launcher(variant: Variant, entry: str, dynamic_smem: int = 0) -> KernelLauncher:
+def launcher(variant: Variant, entry: str, device_index: int, dynamic_smem: int = 0) -> KernelLauncher:
+    """``entry`` of ``variant`` loaded for ``device_index`` (which must be current), one warp group per num_warps."""
     threads = variant.param_dict["num_warps"] * 32
-    return KernelLauncher(jit.load(variant).kernel(entry), threads, dynamic_smem)
+    return KernelLauncher(jit.load(variant).kernel(entry), device_index, threads, dynamic_smem)
 
 
 class DispatchCache:

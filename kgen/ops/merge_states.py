@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from kgen.launch import KernelLauncher
@@ -27,9 +26,6 @@ class _Kernels:
     two: tuple[KernelLauncher, KernelLauncher]  # (with tail, without tail)
     stacked: tuple[KernelLauncher, KernelLauncher]
 
-    def pick(self, pair: tuple[KernelLauncher, KernelLauncher], rows: int) -> tuple[KernelLauncher, int]:
-        tiles = -(-rows // self.tile_rows)
-        return (pair[1] if rows % self.tile_rows == 0 else pair[0]), tiles
 
 
 _dispatch = DispatchCache()
@@ -52,8 +48,8 @@ def _kernels(device_index: int, head_dim: int, dtype: torch.dtype) -> _Kernels:
     with torch.cuda.device(device_index):
         kernels = _Kernels(
             tile_rows=_tile_rows(with_tail.param_dict, dtype.itemsize),
-            two=tuple(launcher(v, "merge_states_2") for v in variants),
-            stacked=tuple(launcher(v, "merge_states_n") for v in variants),
+            two=tuple(launcher(v, "merge_states_2", device_index) for v in variants),
+            stacked=tuple(launcher(v, "merge_states_n", device_index) for v in variants),
         )
     if _tile_rows(without_tail.param_dict, dtype.itemsize) != kernels.tile_rows:
         raise ValueError(f"{FAMILY}: the variants {with_tail.name} and {without_tail.name} tile rows differently")
@@ -65,16 +61,38 @@ def _check_lse(name: str, lse, device: torch.device, shape: tuple, what: str) ->
     check_shape(name, lse, shape, what)
 
 
-def _launch(device_index: int, pick: tuple[KernelLauncher, int], *args) -> None:
-    kernel, tiles = pick
-    if device_index == torch.cuda.current_device():
-        kernel(device_index, tiles, *args)
+def _outputs(out, lse_out, shape: tuple, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caller's preallocated results after checking them, or new ones."""
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=device)
+    else:
+        check_tensor("out", out, ndim=3, dtypes=(dtype,), device=device)
+        check_shape("out", out, shape, "[tokens, heads, head_dim] of the inputs")
+        check_dense_rows("out", out)
+    if lse_out is None:
+        lse_out = torch.empty(shape[:2], dtype=torch.float32, device=device)
+    else:
+        check_tensor("lse_out", lse_out, ndim=2, dtypes=(torch.float32,), device=device)
+        check_shape("lse_out", lse_out, shape[:2], "[tokens, heads] of the inputs")
+        if not lse_out.is_contiguous():
+            raise ValueError(f"lse_out: expected a contiguous tensor, got strides {lse_out.stride()}")
+    return out, lse_out
+
+
+def _launch(device_index: int, kernels: _Kernels, pair: tuple[KernelLauncher, KernelLauncher], rows: int,
+            *args: int) -> None:
+    """Launch the tail or no-tail kernel over ``rows``; every argument is a pointer or an int64 scalar."""
+    tile_rows = kernels.tile_rows
+    kernel = pair[0] if rows % tile_rows else pair[1]
+    if device_index == torch._C._cuda_getDevice():
+        kernel(-(-rows // tile_rows), *args)
     else:
         with torch.cuda.device(device_index):
-            kernel(device_index, tiles, *args)
+            kernel(-(-rows // tile_rows), *args)
 
 
-def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Tensor, lse_b: torch.Tensor
+def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Tensor, lse_b: torch.Tensor, *,
+                           out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None,
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial attention states over disjoint key sets.
 
@@ -83,50 +101,67 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
         lse_a, lse_b: ``[tokens, heads]`` fp32 log-sum-exp (natural log) of each partial; any strides.
             A partial with ``lse = -inf`` saw no keys and contributes nothing (its ``v`` is ignored).
 
+        out, lse_out: optional preallocated results (contiguous, shaped like the returns).
+
     Returns:
         ``(v, lse)``: ``v`` like ``v_a``, ``lse`` ``[tokens, heads]`` fp32. Rows where both
         partials are empty get ``v = 0`` and ``lse = -inf``.
 
     No host synchronisation; safe to capture in a CUDA graph.
     """
-    # One cheap test for the common, valid call; the detailed checks below name what is wrong.
-    if not (isinstance(v_a, torch.Tensor) and isinstance(v_b, torch.Tensor) and v_a.is_cuda
-            and v_a.dtype in _V_DTYPES and v_b.dtype == v_a.dtype and v_a.dim() == 3 and v_b.shape == v_a.shape
-            and v_b.device == v_a.device and v_a.is_contiguous() and v_b.is_contiguous()
-            and not (v_a.data_ptr() | v_b.data_ptr()) % 16):
+    # One cheap test for the common, valid call (about 1 us); the detailed checks name what is wrong.
+    try:
+        device_index, shape, dtype = v_a.get_device(), v_a.shape, v_a.dtype
+        rows_shape = shape[:2]
+        valid = (device_index >= 0 and dtype in _V_DTYPES and len(shape) == 3
+                 and v_b.dtype is dtype and v_b.shape == shape and v_b.get_device() == device_index
+                 and v_a.is_contiguous() and v_b.is_contiguous() and not (v_a.data_ptr() | v_b.data_ptr()) & 15
+                 and lse_a.dtype is torch.float32 and lse_b.dtype is torch.float32
+                 and lse_a.shape == rows_shape and lse_b.shape == rows_shape
+                 and lse_a.get_device() == device_index and lse_b.get_device() == device_index)
+    except AttributeError:  # not a tensor
+        valid = False
+    if not valid:
         check_tensor("v_a", v_a, ndim=3, dtypes=_V_DTYPES)
         check_tensor("v_b", v_b, ndim=3, dtypes=(v_a.dtype,), device=v_a.device)
         check_shape("v_b", v_b, v_a.shape, "the shape of v_a")
         check_dense_rows("v_a", v_a)
         check_dense_rows("v_b", v_b)
-    tokens, heads, head_dim = v_a.shape
-    if not (isinstance(lse_a, torch.Tensor) and isinstance(lse_b, torch.Tensor)
-            and lse_a.dtype == torch.float32 and lse_b.dtype == torch.float32
-            and lse_a.shape == (tokens, heads) and lse_b.shape == (tokens, heads)
-            and lse_a.device == v_a.device and lse_b.device == v_a.device):
-        _check_lse("lse_a", lse_a, v_a.device, (tokens, heads), "[tokens, heads] of v_a")
-        _check_lse("lse_b", lse_b, v_a.device, (tokens, heads), "[tokens, heads] of v_a")
+        _check_lse("lse_a", lse_a, v_a.device, v_a.shape[:2], "[tokens, heads] of v_a")
+        _check_lse("lse_b", lse_b, v_a.device, v_a.shape[:2], "[tokens, heads] of v_a")
+        raise AssertionError("unreachable: the detailed checks must reject what the fast test rejected")
+    tokens, heads, head_dim = shape
     rows = tokens * heads
     if rows > _MAX_ROWS:
         raise ValueError(f"v_a: tokens * heads = {rows} exceeds {_MAX_ROWS}")
-    v = torch.empty_like(v_a)
-    lse = torch.empty((tokens, heads), dtype=torch.float32, device=v_a.device)
+    if out is None and lse_out is None:
+        v, lse = torch.empty_like(v_a), lse_a.new_empty(rows_shape)
+    elif (out is not None and lse_out is not None and out.dtype is dtype and out.shape == shape
+          and lse_out.dtype is torch.float32 and lse_out.shape == rows_shape and out.get_device() == device_index
+          and lse_out.get_device() == device_index and out.is_contiguous() and lse_out.is_contiguous()
+          and not out.data_ptr() & 15):
+        v, lse = out, lse_out
+    else:
+        v, lse = _outputs(out, lse_out, shape, dtype, v_a.device)
     if rows == 0:
         return v, lse
-    kernels = _kernels(v_a.device.index, head_dim, v_a.dtype)
-    _launch(v_a.device.index, kernels.pick(kernels.two, rows),
-            v_a.data_ptr(), lse_a.data_ptr(), np.int64(lse_a.stride(0)), np.int64(lse_a.stride(1)),
-            v_b.data_ptr(), lse_b.data_ptr(), np.int64(lse_b.stride(0)), np.int64(lse_b.stride(1)),
-            v.data_ptr(), lse.data_ptr(), np.int32(rows), np.int32(heads))
+    kernels = _kernels(device_index, head_dim, dtype)
+    _launch(device_index, kernels, kernels.two, rows,
+            v_a.data_ptr(), lse_a.data_ptr(), *lse_a.stride(),
+            v_b.data_ptr(), lse_b.data_ptr(), *lse_b.stride(),
+            v.data_ptr(), lse.data_ptr(), rows, heads)
     return v, lse
 
 
-def merge_attention_states_n(v: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_attention_states_n(v: torch.Tensor, lse: torch.Tensor, *,
+                             out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None,
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge S partial attention states stacked along the first dimension.
 
     Args:
         v: ``[S, tokens, heads, head_dim]``, bf16, fp16 or fp32, contiguous.
         lse: ``[S, tokens, heads]`` fp32 log-sum-exp (natural log); any strides. ``-inf`` marks an empty partial.
+        out, lse_out: optional preallocated results (contiguous, shaped like the returns).
 
     Returns:
         ``(v, lse)`` with shapes ``[tokens, heads, head_dim]`` and ``[tokens, heads]``.
@@ -134,24 +169,27 @@ def merge_attention_states_n(v: torch.Tensor, lse: torch.Tensor) -> tuple[torch.
 
     No host synchronisation; safe to capture in a CUDA graph.
     """
-    if not (isinstance(v, torch.Tensor) and v.is_cuda and v.dtype in _V_DTYPES and v.dim() == 4
-            and v.is_contiguous() and not v.data_ptr() % 16):
+    try:
+        device_index, shape, dtype = v.get_device(), v.shape, v.dtype
+        valid = (device_index >= 0 and dtype in _V_DTYPES and len(shape) == 4 and v.is_contiguous()
+                 and not v.data_ptr() & 15 and lse.dtype is torch.float32 and lse.shape == shape[:3]
+                 and lse.get_device() == device_index)
+    except AttributeError:  # not a tensor
+        valid = False
+    if not valid:
         check_tensor("v", v, ndim=4, dtypes=_V_DTYPES)
         check_dense_rows("v", v)
-    partials, tokens, heads, head_dim = v.shape
-    if not (isinstance(lse, torch.Tensor) and lse.dtype == torch.float32
-            and lse.shape == (partials, tokens, heads) and lse.device == v.device):
-        _check_lse("lse", lse, v.device, (partials, tokens, heads), "[S, tokens, heads] of v")
+        _check_lse("lse", lse, v.device, v.shape[:3], "[S, tokens, heads] of v")
+        raise AssertionError("unreachable: the detailed checks must reject what the fast test rejected")
+    partials, tokens, heads, head_dim = shape
     rows = tokens * heads
     if rows > _MAX_ROWS:
         raise ValueError(f"v: tokens * heads = {rows} exceeds {_MAX_ROWS}")
-    out = torch.empty((tokens, heads, head_dim), dtype=v.dtype, device=v.device)
-    lse_out = torch.empty((tokens, heads), dtype=torch.float32, device=v.device)
+    out, lse_out = _outputs(out, lse_out, (tokens, heads, head_dim), dtype, v.device)
     if rows == 0:
         return out, lse_out
-    kernels = _kernels(v.device.index, head_dim, v.dtype)
-    _launch(v.device.index, kernels.pick(kernels.stacked, rows),
-            v.data_ptr(), lse.data_ptr(), np.int32(partials),
-            np.int64(v.stride(0)), np.int64(lse.stride(0)), np.int64(lse.stride(1)), np.int64(lse.stride(2)),
-            out.data_ptr(), lse_out.data_ptr(), np.int32(rows), np.int32(heads))
+    kernels = _kernels(device_index, head_dim, dtype)
+    _launch(device_index, kernels, kernels.stacked, rows,
+            v.data_ptr(), lse.data_ptr(), partials, v.stride(0), *lse.stride(),
+            out.data_ptr(), lse_out.data_ptr(), rows, heads)
     return out, lse_out

@@ -1,0 +1,456 @@
+"""The disk cache: keys, self-checking entries, corrupt-entry recovery, unusable folders, atomic publish, single flight."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kgen.cache
+import kgen.compiler
+import kgen.config
+import kgen.jit
+import kgen.registry
+import kgen.render
+from kgen.cache import CacheEntry, DiskCache, cache_key, decode_entry, encode_entry
+from kgen.compiler import BuildRecord, EntryResources
+
+ARCH = "sm_90a"
+SOURCE = 'extern "C" __global__ void k(int* p) { p[threadIdx.x] = 1; }\n'
+
+
+def _merge_variant(**params):
+    base = dict(dtype="bf16", head_dim=128, has_incomplete_tile=True)
+    base.update(params)
+    return kgen.registry.current().family("merge_attention_states").select(**base)
+
+
+def _sample_entry(cubin: bytes = b"\x7fELF" + bytes(range(256)) * 3) -> CacheEntry:
+    record = BuildRecord(arch=ARCH, compile_ms=12.5, entries={
+        "merge_states_2": EntryResources(registers=48, spill_stores=4, spill_loads=8, stack_bytes=16,
+                                         static_smem_bytes=1024),
+        "merge_states_n": EntryResources(registers=64),
+    })
+    return CacheEntry(cubin=cubin, record=record, variant_name="fam[a=1,b=true]")
+
+
+def _stray_files(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".cubin.kgen")
+            and p.parent.name != "locks"]
+
+
+# --------------------------------------------------------------------------- cache key
+
+
+def test_cache_key_is_deterministic_hex():
+    key = cache_key(SOURCE, ARCH)
+    assert key == cache_key(SOURCE, ARCH) == cache_key(str(SOURCE), ARCH)
+    assert len(key) == 64 and int(key, 16) >= 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200), st.text(max_size=200))
+def test_cache_key_separates_sources(a, b):
+    if a == b:
+        assert cache_key(a, ARCH) == cache_key(b, ARCH)
+    else:
+        assert cache_key(a, ARCH) != cache_key(b, ARCH)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=200))
+def test_cache_key_of_a_source_is_stable(source):
+    assert cache_key(source, ARCH) == cache_key(source, ARCH)
+
+
+def test_cache_key_depends_on_arch():
+    keys = {arch: cache_key(SOURCE, arch) for arch in ("sm_90a", "sm_90", "sm_80", "sm_100a")}
+    assert len(set(keys.values())) == len(keys), keys
+
+
+def test_cache_key_depends_on_kgen_version(monkeypatch):
+    before = cache_key(SOURCE, ARCH)
+    monkeypatch.setattr(kgen.cache, "__version__", "999.0.0")
+    bumped = cache_key(SOURCE, ARCH)
+    assert bumped != before
+    monkeypatch.setattr(kgen.cache, "__version__", kgen.__version__)
+    assert cache_key(SOURCE, ARCH) == before
+
+
+@pytest.fixture
+def include_folder(tmp_path, monkeypatch):
+    """A private include path, in place of the CUDA runtime headers."""
+    folder = tmp_path / "include"
+    folder.mkdir()
+    fake = lambda: (str(folder),)  # noqa: E731
+    monkeypatch.setattr(kgen.compiler, "include_dirs", fake)
+    monkeypatch.setattr(kgen.cache, "include_dirs", fake, raising=False)
+    return folder
+
+
+def edit_header(path, text):
+    """Write a header and tell kgen, which reads headers once per process."""
+    path.write_text(text)
+    kgen.compiler.forget_headers()
+
+
+def test_cache_key_depends_on_included_header_bytes(include_folder):
+    source = '#include "kgen_test_outer.h"\n' + SOURCE
+    edit_header((include_folder / "kgen_test_outer.h"), '#pragma once\n#include <sub/kgen_test_inner.h>\n#define OUTER 1\n')
+    (include_folder / "sub").mkdir()
+    inner = include_folder / "sub" / "kgen_test_inner.h"
+    edit_header(inner, "#define INNER 1\n")
+    edit_header((include_folder / "kgen_test_unused.h"), "#define UNUSED 1\n")
+
+    original = cache_key(source, ARCH)
+    assert cache_key(source, ARCH) == original
+
+    # A header the source includes directly.
+    edit_header((include_folder / "kgen_test_outer.h"), '#pragma once\n#include <sub/kgen_test_inner.h>\n#define OUTER 2\n')
+    changed_outer = cache_key(source, ARCH)
+    assert changed_outer != original
+
+    # A header included by that header.
+    edit_header(inner, "#define INNER 2\n")
+    changed_inner = cache_key(source, ARCH)
+    assert changed_inner not in (original, changed_outer)
+
+    # A header nobody includes does not matter.
+    edit_header((include_folder / "kgen_test_unused.h"), "#define UNUSED 2\n")
+    assert cache_key(source, ARCH) == changed_inner
+
+    # Same bytes, same key.
+    edit_header((include_folder / "kgen_test_outer.h"), '#pragma once\n#include <sub/kgen_test_inner.h>\n#define OUTER 1\n')
+    edit_header(inner, "#define INNER 1\n")
+    assert cache_key(source, ARCH) == original
+
+
+def test_cache_key_follows_includes_relative_to_the_including_header(include_folder):
+    # Like cooperative_groups/reduce.h including "details/reduce.h" in the CUDA runtime headers.
+    (include_folder / "sub").mkdir()
+    edit_header((include_folder / "sub" / "outer.h"), '#include "inner.h"\n')
+    inner = include_folder / "sub" / "inner.h"
+    edit_header(inner, "#define VALUE 3\n")
+    source = '#include <sub/outer.h>\nextern "C" __global__ void k(int* p) { p[0] = VALUE; }\n'
+    kgen.compiler.compile_cubin(source, ARCH, "relative_include")  # NVRTC does find sub/inner.h
+    before = cache_key(source, ARCH)
+    edit_header(inner, "#define VALUE 4\n")
+    assert cache_key(source, ARCH) != before
+
+
+def test_cache_key_changes_when_included_header_appears(include_folder):
+    source = '#include "kgen_test_late.h"\n' + SOURCE
+    missing = cache_key(source, ARCH)
+    edit_header((include_folder / "kgen_test_late.h"), "#define LATE 1\n")
+    assert cache_key(source, ARCH) != missing
+
+
+# --------------------------------------------------------------------------- entries
+
+
+entry_records = st.builds(
+    BuildRecord,
+    arch=st.sampled_from(["sm_90a", "sm_100a", "sm_80"]),
+    compile_ms=st.floats(min_value=0, max_value=1e6, allow_nan=False),
+    entries=st.dictionaries(
+        st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True),
+        st.builds(EntryResources, *[st.integers(0, 1 << 20)] * 5),
+        max_size=4,
+    ),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(cubin=st.binary(max_size=2048), record=entry_records, name=st.text(max_size=60))
+def test_entry_round_trip(cubin, record, name):
+    entry = CacheEntry(cubin=cubin, record=record, variant_name=name)
+    assert decode_entry(encode_entry(entry)) == entry
+
+
+def test_entry_round_trip_of_a_real_build(cache_dir):
+    result = kgen.jit.build(_merge_variant(), ARCH)
+    entry = decode_entry(DiskCache(cache_dir).entries()[0].read_bytes())
+    assert entry == CacheEntry(result.cubin, result.record, result.variant.name)
+
+
+SAMPLE_BLOB = encode_entry(_sample_entry())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, len(SAMPLE_BLOB) - 1))
+def test_decode_rejects_truncated_entries(length):
+    with pytest.raises(ValueError):
+        decode_entry(SAMPLE_BLOB[:length])
+
+
+@given(st.binary(min_size=1, max_size=64))
+def test_decode_rejects_trailing_bytes(extra):
+    with pytest.raises(ValueError):
+        decode_entry(SAMPLE_BLOB + extra)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(0, len(SAMPLE_BLOB) - 1), st.integers(1, 255))
+def test_decode_rejects_flipped_bytes(position, mask):
+    blob = bytearray(SAMPLE_BLOB)
+    blob[position] ^= mask
+    with pytest.raises(ValueError):
+        decode_entry(bytes(blob))
+
+
+@pytest.mark.parametrize("field,original,tampered", [
+    ("registers", b'"registers": 48', b'"registers": 98'),
+    ("compile time", b'"compile_ms": 12.5', b'"compile_ms": 12.6'),
+    ("variant name", b'"fam[a=1,b=true]"', b'"fam[a=2,b=true]"'),
+])
+def test_decode_rejects_a_changed_header_field(field, original, tampered):
+    # Same length, still valid JSON: only a digest over the header can tell.
+    assert SAMPLE_BLOB.count(original) == 1
+    with pytest.raises(ValueError):
+        decode_entry(SAMPLE_BLOB.replace(original, tampered))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(position=st.integers(0, len(SAMPLE_BLOB) - 1), mask=st.integers(1, 255))
+def test_disk_cache_get_treats_any_flipped_byte_as_a_miss(tmp_path, position, mask):
+    cache = DiskCache(tmp_path)
+    blob = bytearray(SAMPLE_BLOB)
+    blob[position] ^= mask
+    cache._path("k").write_bytes(bytes(blob))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert cache.get("k") is None
+
+
+# --------------------------------------------------------------------------- corrupt entries through build
+
+
+def _truncate(blob: bytes, cubin: bytes) -> bytes:
+    return blob[: len(blob) - len(cubin) // 2]
+
+
+def _flip_in_cubin(blob: bytes, cubin: bytes) -> bytes:
+    at = blob.index(cubin)  # the cubin is stored as is
+    damaged = bytearray(blob)
+    damaged[at + len(cubin) // 2] ^= 0x01
+    return bytes(damaged)
+
+
+def _truncate_to_header(blob: bytes, cubin: bytes) -> bytes:
+    return blob[: len(kgen.cache._MAGIC) + 2]
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_in_cubin, _truncate_to_header],
+                         ids=["truncated", "cubin-byte-flipped", "cut-in-length-prefix"])
+def test_corrupt_entry_is_reported_and_rebuilt(damage, cache_dir, monkeypatch):
+    monkeypatch.setattr(kgen.cache, "_warned", set())
+    variant = _merge_variant()
+    first = kgen.jit.build(variant, ARCH)
+    assert first.cache_hit is False
+    [path] = DiskCache(cache_dir).entries()
+    assert path.name == f"{first.key}.cubin.kgen"
+    path.write_bytes(damage(path.read_bytes(), first.cubin))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        second = kgen.jit.build(variant, ARCH)
+    corrupt = [w for w in caught if issubclass(w.category, RuntimeWarning) and "corrupt" in str(w.message)]
+    assert len(corrupt) == 1, [str(w.message) for w in caught]
+    assert str(path) in str(corrupt[0].message)
+    assert second.cache_hit is False
+    assert second.cubin == first.cubin
+    # The entry was rewritten, whole.
+    assert DiskCache(cache_dir).entries() == [path]
+    assert decode_entry(path.read_bytes()).cubin == first.cubin
+    assert not _stray_files(cache_dir)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        third = kgen.jit.build(variant, ARCH)
+    assert third.cache_hit is True
+    assert third.cubin == first.cubin and third.key == first.key
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+# --------------------------------------------------------------------------- unusable cache folder
+
+
+def test_cache_folder_beneath_a_file(tmp_path, monkeypatch):
+    # Tests run as root, where chmod cannot make a folder unwritable; a path under a regular file is never usable.
+    monkeypatch.setattr(kgen.cache, "_warned", set())
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"not a folder")
+    root = afile / "cache"
+    variants = [_merge_variant(head_dim=64), _merge_variant(head_dim=128)]
+    with kgen.config.overrides(KGEN_CACHE_DIR=str(root)), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = [kgen.jit.build(v, ARCH) for v in variants]
+        again = kgen.jit.build(variants[0], ARCH)
+    for result in (*results, again):
+        assert result.cache_hit is False
+        assert result.cubin[:4] == b"\x7fELF"
+    assert again.cubin == results[0].cubin
+    runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(runtime) == 1, [str(w.message) for w in runtime]
+    assert str(root) in str(runtime[0].message)
+    # Nothing was written anywhere.
+    assert afile.read_bytes() == b"not a folder"
+    assert sorted(tmp_path.rglob("*")) == [afile]
+
+
+# --------------------------------------------------------------------------- atomic publish
+
+
+def test_put_leaves_only_the_entry(tmp_path):
+    cache = DiskCache(tmp_path / "cache")
+    assert cache.entries() == []  # no folder yet
+    entry = _sample_entry()
+    cache.put("aa", entry)
+    cache.put("bb", entry)
+    cache.put("aa", _sample_entry(b"other"))  # replacing an entry
+    assert sorted(p.name for p in cache.root.iterdir()) == ["aa.cubin.kgen", "bb.cubin.kgen"]
+    assert cache.entries() == [cache.root / "aa.cubin.kgen", cache.root / "bb.cubin.kgen"]
+    assert cache.get("aa").cubin == b"other"
+    assert cache.get("bb") == entry
+
+
+def test_entries_lists_only_entries(tmp_path):
+    cache = DiskCache(tmp_path / "cache")
+    cache.put("aa", _sample_entry())
+    with cache.lock("aa"):
+        pass
+    (cache.root / ".leftover.tmp").write_bytes(b"x")
+    (cache.root / "notes.txt").write_text("x")
+    (cache.root / "sub").mkdir()
+    (cache.root / "sub" / "cc.cubin.kgen").write_bytes(b"x")
+    assert (cache.root / "locks" / "aa.lock").exists()
+    assert cache.entries() == [cache.root / "aa.cubin.kgen"]
+    assert cache.clear() == 1
+    assert cache.entries() == [] and not (cache.root / "locks").exists()
+    assert (cache.root / "notes.txt").exists()
+
+
+def test_put_publishes_a_complete_file_by_rename(tmp_path, monkeypatch):
+    cache = DiskCache(tmp_path / "cache")
+    entry = _sample_entry()
+    real_replace = os.replace
+    calls = []
+
+    def spy(src, dst):
+        src, dst = Path(src), Path(dst)
+        # At the moment of publication the entry does not exist yet, and the
+        # temporary file beside it already holds the whole entry.
+        calls.append((src, dst, dst.exists(), decode_entry(src.read_bytes())))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(kgen.cache.os, "replace", spy)
+    cache.put("aa", entry)
+    [(src, dst, existed, published)] = calls
+    assert dst == cache.root / "aa.cubin.kgen"
+    assert src.parent == cache.root and src != dst and not existed
+    assert published == entry
+    assert not src.exists()
+
+
+@pytest.mark.parametrize("fail_in", ["encode_entry", "replace"])
+def test_failed_put_leaves_nothing(tmp_path, monkeypatch, fail_in):
+    cache = DiskCache(tmp_path / "cache")
+    cache.put("old", _sample_entry())
+
+    def boom(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    if fail_in == "replace":
+        monkeypatch.setattr(kgen.cache.os, "replace", boom)
+    else:
+        monkeypatch.setattr(kgen.cache, "encode_entry", boom)
+    with pytest.raises(OSError, match="No space"):
+        cache.put("aa", _sample_entry())
+    assert sorted(p.name for p in cache.root.iterdir()) == ["old.cubin.kgen"]
+    assert cache.entries() == [cache.root / "old.cubin.kgen"]
+
+
+# --------------------------------------------------------------------------- in-process reuse
+
+
+def test_second_build_is_a_hit(cache_dir):
+    variant = _merge_variant(dtype="fp16", head_dim=64)
+    first = kgen.jit.build(variant, ARCH)
+    second = kgen.jit.build(variant, ARCH)
+    assert (first.cache_hit, second.cache_hit) == (False, True)
+    assert second.key == first.key == cache_key(kgen.render.render(variant), ARCH)
+    assert second.cubin == first.cubin
+    assert second.record == first.record
+    assert DiskCache(cache_dir).entries() == [cache_dir / f"{first.key}.cubin.kgen"]
+
+
+def test_cache_is_per_folder(tmp_path):
+    variant = _merge_variant(dtype="fp16", head_dim=64)
+    for folder in ("one", "two"):
+        with kgen.config.overrides(KGEN_CACHE_DIR=str(tmp_path / folder)):
+            assert kgen.jit.build(variant, ARCH).cache_hit is False
+            assert kgen.jit.build(variant, ARCH).cache_hit is True
+
+
+def test_other_variant_or_arch_misses(cache_dir):
+    a, b = _merge_variant(head_dim=64), _merge_variant(head_dim=96)
+    assert kgen.jit.build(a, ARCH).cache_hit is False
+    assert kgen.jit.build(b, ARCH).cache_hit is False
+    assert kgen.jit.build(a, "sm_100a").cache_hit is False
+    assert kgen.jit.build(a, ARCH).cache_hit is True
+    assert len(DiskCache(cache_dir).entries()) == 3
+
+
+# --------------------------------------------------------------------------- many processes, one compile
+
+
+def _concurrent_build(cache_dir: str, variant_name: str, barrier, results) -> None:
+    """Worker (spawned): build one variant into the shared cache once every worker is ready."""
+    try:
+        import kgen.config
+        import kgen.jit
+        import kgen.registry
+
+        with kgen.config.overrides(KGEN_CACHE_DIR=cache_dir):
+            [variant] = [v for v in kgen.registry.current().variants() if v.name == variant_name]
+            barrier.wait(timeout=120)
+            result = kgen.jit.build(variant, "sm_90a")
+        results.put((os.getpid(), result.cache_hit, result.cubin, result.key, None))
+    except BaseException as exc:  # report, do not hang the parent
+        results.put((os.getpid(), None, None, None, repr(exc)))
+
+
+def test_concurrent_builds_compile_once(tmp_path):
+    workers = 4
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(workers)
+    results = ctx.Queue()
+    cache = tmp_path / "cache"
+    variant = _merge_variant(dtype="fp32", head_dim=256)
+    procs = [ctx.Process(target=_concurrent_build, args=(str(cache), variant.name, barrier, results))
+             for _ in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        outcomes = [results.get(timeout=180) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    errors = [o[4] for o in outcomes if o[4] is not None]
+    assert not errors, errors
+    assert len({o[0] for o in outcomes}) == workers
+    assert sorted(o[1] for o in outcomes) == [False] + [True] * (workers - 1)
+    assert len({o[2] for o in outcomes}) == 1  # byte-identical cubins
+    assert len({o[3] for o in outcomes}) == 1
+    entries = DiskCache(cache).entries()
+    assert [p.name for p in entries] == [f"{outcomes[0][3]}.cubin.kgen"]
+    assert decode_entry(entries[0].read_bytes()).cubin == outcomes[0][2]
+    assert not _stray_files(cache)

@@ -1,0 +1,276 @@
+"""Rendering and NVRTC compilation of every built-in variant, SASS checks, the ptxas log parser, compile errors.
+
+Runs without a GPU: NVRTC compiles for ``sm_90a`` on any machine, and
+cuobjdump (the ``nvidia-cuda-cuobjdump`` wheel of the test extra) reads the cubins.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import kgen.jit
+import kgen.registry
+from kgen.compiler import BuildRecord, CompileError, EntryResources, compile_cubin, parse_ptxas_log
+from kgen.registry import Family, Variant
+from kgen.render import render
+
+ARCH = "sm_90a"
+MERGE = "merge_attention_states"
+
+
+def _variant(name: str) -> Variant:
+    for variant in kgen.registry.current().variants():
+        if variant.name == name:
+            return variant
+    raise LookupError(f"no variant {name} on the spec path")
+
+
+def _merge_variant(**params) -> Variant:
+    return kgen.registry.current().family(MERGE).select(**params)
+
+
+ALL_VARIANTS = [v.name for v in kgen.registry.current().variants()]
+
+
+def test_builtin_spec_path_has_the_merge_family():
+    # Guards the parametrisation below against silently collecting nothing.
+    family = kgen.registry.current().family(MERGE)
+    assert set(family.entries) == {"merge_states_2", "merge_states_n"}
+    assert family.variants and {v.name for v in family.variants} <= set(ALL_VARIANTS)
+    assert len(set(ALL_VARIANTS)) == len(ALL_VARIANTS)
+    assert set(family.supported("has_incomplete_tile")) == {False, True}
+    assert {"bf16", "fp16", "fp32"} <= set(family.supported("dtype"))
+
+
+# --------------------------------------------------------------------------- every variant
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+def test_every_variant_compiles_without_spills(name, cache_dir):
+    variant = _variant(name)
+    result = kgen.jit.build(variant, ARCH)
+
+    assert result.cache_hit is False  # a fresh cache: this call compiled it
+    assert result.arch == ARCH
+    assert result.cubin[:4] == b"\x7fELF"
+    record = result.record
+    assert record.arch == ARCH
+    assert record.compile_ms > 0
+    for entry in variant.family.entries:
+        assert entry in record.entries, f"ptxas reported no {entry} in {sorted(record.entries)}"
+        assert record.entries[entry].registers > 0, f"{entry}: {record.entries[entry]}"
+    if not variant.family.allow_spills:
+        assert record.spills == 0, {k: v for k, v in record.entries.items() if v.spill_stores or v.spill_loads}
+    # The entry names are in the cubin's symbol table.
+    for entry in variant.family.entries:
+        assert entry.encode() in result.cubin
+
+
+# --------------------------------------------------------------------------- SASS
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(name: str) -> tuple[bytes, BuildRecord]:
+    variant = _variant(name)
+    return compile_cubin(render(variant), ARCH, variant.name)
+
+
+def _cuobjdump_bin() -> Path:
+    import nvidia
+
+    for root in nvidia.__path__:
+        folder = Path(root) / "cu13" / "bin"
+        if (folder / "cuobjdump").is_file() and (folder / "nvdisasm").is_file():
+            return folder
+    pytest.fail("cuobjdump/nvdisasm not found under nvidia/cu13/bin; install the test extra (nvidia-cuda-cuobjdump)")
+
+
+def sass_by_function(cubin: bytes, tmp_path: Path) -> dict[str, str]:
+    """``cuobjdump -sass`` of ``cubin``, split into one text per function."""
+    folder = _cuobjdump_bin()
+    path = tmp_path / "variant.cubin"
+    path.write_bytes(cubin)
+    env = dict(os.environ, PATH=f"{folder}{os.pathsep}{os.environ.get('PATH', '')}")
+    out = subprocess.run([str(folder / "cuobjdump"), "-sass", str(path)], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    parts = re.split(r"^\s*Function : (\S+)\s*$", out, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+_LDG_128 = re.compile(r"\bLDG\.E(?:\.EF)?\.128\b")
+_STG_128 = re.compile(r"\bSTG\.E(?:\.EF)?\.128\b")
+_LOCAL = re.compile(r"\b(?:LDL|STL)(?:\.|\s)")
+
+SASS_VARIANTS = [
+    dict(dtype="bf16", head_dim=128, has_incomplete_tile=True),
+    dict(dtype="bf16", head_dim=128, has_incomplete_tile=False),
+    dict(dtype="fp32", head_dim=256, has_incomplete_tile=True),
+    dict(dtype="fp16", head_dim=64, has_incomplete_tile=False),
+]
+
+
+@pytest.mark.parametrize("params", SASS_VARIANTS, ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
+def test_merge_sass_uses_128_bit_accesses_and_no_local_memory(params, tmp_path):
+    variant = _merge_variant(**params)
+    cubin, _ = _compiled(variant.name)
+    sass = sass_by_function(cubin, tmp_path)
+    assert set(sass) == set(variant.family.entries)
+    for entry, text in sass.items():
+        assert _LDG_128.search(text), f"{entry}: no 128-bit global load"
+        assert _STG_128.search(text), f"{entry}: no 128-bit global store"
+        local = [line.strip() for line in text.splitlines() if _LOCAL.search(line)]
+        assert not local, f"{entry}: local memory accesses: {local[:5]}"
+
+
+def test_sass_patterns_match_what_they_should():
+    # The SASS checks above are only as good as these regular expressions.
+    assert _LDG_128.search("/*1290*/ LDG.E.EF.128 R4, desc[UR8][R4.64] ;")
+    assert _LDG_128.search("/*1290*/ LDG.E.128 R4, desc[UR8][R4.64] ;")
+    assert not _LDG_128.search("/*0460*/ LDG.E.CONSTANT R29, desc[UR8][R10.64] ;")
+    assert not _LDG_128.search("/*0460*/ LDG.E.64 R28, desc[UR8][R10.64] ;")
+    assert _STG_128.search("/*29f0*/ STG.E.EF.128 desc[UR8][R6.64], R44 ;")
+    assert not _STG_128.search("/*2a70*/ STG.E desc[UR8][R22.64], R3 ;")
+    assert _LOCAL.search("/*0100*/ STL.64 [R1+0x8], R4 ;")
+    assert _LOCAL.search("/*0100*/ LDL R4, [R1+0x8] ;")
+    assert not _LOCAL.search("/*0100*/ LDG.E R4, desc[UR4][R2.64] ;")
+
+
+# --------------------------------------------------------------------------- has_incomplete_tile
+
+
+_ROW_CHECK = re.compile(r"if \(row >= num_rows\) (?:continue|return);")
+
+
+@pytest.mark.parametrize("dtype,head_dim", [("bf16", 128), ("fp32", 256), ("fp16", 64)])
+def test_row_bound_check_only_with_incomplete_tiles(dtype, head_dim):
+    with_check = render(_merge_variant(dtype=dtype, head_dim=head_dim, has_incomplete_tile=True))
+    without = render(_merge_variant(dtype=dtype, head_dim=head_dim, has_incomplete_tile=False))
+    # merge_two checks in its load and its store loop, merge_stacked once.
+    assert len(_ROW_CHECK.findall(with_check)) == 3
+    assert not _ROW_CHECK.search(without)
+    assert "num_rows" in without  # still a kernel parameter, only the check is gone
+    # Apart from the variant name and the checks, the two sources are the same.
+    strip = lambda s: [line for line in s.splitlines()[1:] if not _ROW_CHECK.search(line)]
+    assert strip(with_check) == strip(without)
+
+
+def test_rendered_source_reflects_the_variant_parameters():
+    variant = _merge_variant(dtype="fp16", head_dim=96, has_incomplete_tile=True)
+    params = variant.param_dict
+    source = render(variant)
+    assert source.startswith(f"// kgen: {variant.name}\n")
+    assert "using T = __half;" in source
+    assert "constexpr int kHeadDim = 96;" in source
+    assert f"constexpr int kThreads = {params['num_warps'] * 32};" in source
+    assert f"constexpr int kRowsPerThread = {params['rows_per_thread']};" in source
+    assert f"__launch_bounds__(kThreads, {params['min_blocks_per_sm']})" in source
+    assert "{{" not in source and "{%" not in source
+    assert "namespace kgen {" in source  # common/numeric.cuh is inlined by Jinja
+
+
+# --------------------------------------------------------------------------- ptxas log
+
+
+PTXAS_LOG = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Function properties for _Z6helperPfi
+ptxas         .     48 bytes stack frame, 40 bytes spill stores, 44 bytes spill loads
+ptxas info    : Compiling entry function 'kern_a' for 'sm_90a'
+ptxas info    : Function properties for kern_a
+ptxas         .     24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 24 bytes cumulative stack size, 16384 bytes smem
+ptxas info    : Compile time = 11.406 ms
+ptxas info    : Compiling entry function 'kern_b' for 'sm_90a'
+ptxas info    : Function properties for kern_b
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers
+ptxas info    : Compile time = 3.000 ms
+ptxas info    : Function properties for _Z7reducerf
+ptxas         .     16 bytes stack frame, 100 bytes spill stores, 104 bytes spill loads
+ptxas info    : Used 20 registers, used 0 barriers, 72 bytes smem
+"""
+
+
+def test_parse_ptxas_log():
+    entries = parse_ptxas_log(PTXAS_LOG)
+    assert entries == {
+        "kern_a": EntryResources(registers=168, spill_stores=8, spill_loads=12, stack_bytes=24,
+                                 static_smem_bytes=16384),
+        "kern_b": EntryResources(registers=32, spill_stores=0, spill_loads=0, stack_bytes=0,
+                                 static_smem_bytes=0),
+    }
+    record = BuildRecord(arch=ARCH, compile_ms=1.0, entries=entries)
+    assert record.spills == 8 + 12  # the device functions' spills are not the entries'
+    assert BuildRecord.from_json(record.to_json()) == record
+
+
+def test_parse_ptxas_log_of_a_real_compile():
+    cubin, record = _compiled(_merge_variant(dtype="bf16", head_dim=128, has_incomplete_tile=True).name)
+    assert set(record.entries) == {"merge_states_2", "merge_states_n"}
+    for resources in record.entries.values():
+        assert 0 < resources.registers <= 255
+        assert resources.static_smem_bytes == 0  # the kernel uses no shared memory
+
+
+def test_parse_ptxas_log_without_entries():
+    assert parse_ptxas_log("") == {}
+    assert parse_ptxas_log("ptxas info    : 0 bytes gmem\n") == {}
+
+
+# --------------------------------------------------------------------------- compile errors
+
+
+BROKEN_TEMPLATE = """\
+// A template that renders fine and does not compile.
+extern "C" __global__ void broken_kernel(int* out) {
+    out[threadIdx.x] = {{ value }};
+    out[0] += undeclared_identifier_{{ value }};
+}
+"""
+
+
+def _broken_variant(tmp_path: Path) -> Variant:
+    (tmp_path / "broken.cu.j2").write_text(BROKEN_TEMPLATE)
+    family = Family(name="broken", template="broken.cu.j2", entries=("broken_kernel",),
+                    template_dirs=(tmp_path,), allow_spills=False, axes=("value",), defaults={})
+    variant = Variant(family, (("value", 7),), tmp_path / "broken.yaml")
+    family.variants.append(variant)
+    return variant
+
+
+def test_compile_error_quotes_nvrtc_log_and_offending_line(tmp_path):
+    variant = _broken_variant(tmp_path)
+    source = render(variant)
+    # Line 4 of the template is line 5 of the rendered source (kgen prepends a name comment).
+    assert source.splitlines()[4] == "    out[0] += undeclared_identifier_7;"
+    with pytest.raises(CompileError) as info:
+        compile_cubin(source, ARCH, variant.name)
+    message = str(info.value)
+    assert variant.name in message and ARCH in message
+    assert 'identifier "undeclared_identifier_7" is undefined' in message  # NVRTC's own text
+    assert ">    5 |     out[0] += undeclared_identifier_7;" in message  # the line, marked, with its number
+    assert "    4 |     out[threadIdx.x] = 7;" in message  # and its context
+    assert ">    4 |" not in message
+
+
+def test_compile_error_through_build_caches_nothing(tmp_path, cache_dir):
+    variant = _broken_variant(tmp_path)
+    with pytest.raises(CompileError, match="undeclared_identifier_7"):
+        kgen.jit.build(variant, ARCH)
+    assert not list(cache_dir.glob("*.cubin.kgen"))
+
+
+def test_compile_error_does_not_quote_source_lines_for_header_diagnostics():
+    # An error inside cuda_fp16.h (line 168 in CUDA 13.0) must not be shown as line 168 of the rendered source.
+    source = "#define __half int\n#include <cuda_fp16.h>\n" + "".join(f"// filler {n}\n" for n in range(3, 400))
+    with pytest.raises(CompileError) as info:
+        compile_cubin(source, ARCH, "header_error")
+    message = str(info.value)
+    assert "cuda_fp16.h(" in message and ": error" in message
+    assert not re.search(r"^>\s*\d+ \| // filler", message, re.M)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Everything the GPU machine is for, in one call: the kernel build table, the GPU
+# tests, and the benchmarks with their peers in the same run.
+#
+#   KGEN_COMMIT=$(git rev-parse HEAD) bash tools/gpu_check.sh
+#
+# Results go to $OUT (the device tool brings that folder back; it takes at most
+# 8 files, so the per-benchmark files travel in one archive), else bench/results/latest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dest=${OUT:-bench/results/latest}
+work=$(mktemp -d)
+mkdir -p "$dest"
+export PYTHONUNBUFFERED=1
+
+# Python packages the device image lacks travel as wheels in .whl/ (see README).
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export KGEN_COMMIT="${KGEN_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+
+status=0
+{ echo "commit $KGEN_COMMIT"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -m kgen build; } > "$work/build.log" 2>&1 || status=1
+tail -n 3 "$work/build.log"
+python3 -m pytest -m gpu -q -p no:cacheprovider > "$work/gpu_tests.log" 2>&1 || status=1
+tail -n 12 "$work/gpu_tests.log"
+python3 bench/run_all.py --out "$work/bench" || status=1
+
+cp "$work/build.log" "$work/gpu_tests.log" "$dest/"
+cp "$work/bench/SUMMARY.md" "$work/bench/summary.json" "$dest/" 2>/dev/null
+tar czf "$dest/bench_details.tgz" -C "$work" bench
+exit $status
