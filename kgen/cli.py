@@ -16,7 +16,7 @@ from kgen import config, jit, registry as registry_module
 from kgen.cache import DiskCache
 from kgen.compiler import CompileError
 from kgen.registry import Variant
-from kgen.render import render
+from kgen.render import RenderError, render
 from kgen.spec import SpecError
 
 console = Console()
@@ -50,7 +50,8 @@ def _resolve_arch(arch: str | None) -> str:
               help="Also search this folder for specs (before KGEN_SPEC_PATH and the built-ins); repeatable.")
 def cli(spec_paths: tuple[str, ...]) -> None:
     """kgen: CUDA kernels declared in YAML, compiled at run time with NVRTC."""
-    for folder in spec_paths:
+    # Each added folder goes first on the path, so add the last one first: the order given is the search order.
+    for folder in reversed(spec_paths):
         registry_module.add_spec_path(folder)
 
 
@@ -97,7 +98,7 @@ def build_cmd(arch: str | None, jobs: int, families: tuple[str, ...]) -> None:
             variant = futures[future]
             try:
                 results[variant.name] = future.result()
-            except CompileError as exc:
+            except (CompileError, RenderError) as exc:
                 failures[variant.name] = str(exc)
             progress.advance(task)
 
@@ -158,7 +159,7 @@ def cache_clear() -> None:
 def main() -> None:
     try:
         cli(standalone_mode=True)
-    except (SpecError, CompileError, ValueError) as exc:
+    except (SpecError, CompileError, RenderError, ValueError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         sys.exit(2)
 

@@ -17,13 +17,15 @@ DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
 _MAX_CACHED_CONFIGS = 4096
 
 _streams: dict[int, Stream] = {}
+# torch.cuda.current_stream() builds a Python Stream object per call (about
+# 1 us); the raw handle is what cuda.core needs, and it is what Triton reads too.
+# (Absent from CPU-only torch builds, where no kernel is ever launched.)
+_raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def current_stream(device_index: int) -> Stream:
     """The cuda.core view of torch's current stream on ``device_index``, cached per raw handle."""
-    # torch.cuda.current_stream() builds a Python Stream object per call (about
-    # 1 us); the raw handle is what cuda.core needs, and it is what Triton reads too.
-    handle = torch._C._cuda_getCurrentRawStream(device_index)
+    handle = _raw_current_stream(device_index)
     stream = _streams.get(handle)
     if stream is None:
         stream = _streams[handle] = Stream.from_handle(handle)
@@ -62,4 +64,5 @@ class KernelLauncher:
         The caller makes this launcher's device the current one.
         """
         config = self._configs.get(grid) or self._new_config(grid)
-        launch(current_stream(self.device_index), config, self.kernel, *args)
+        handle = _raw_current_stream(self.device_index)
+        launch(_streams.get(handle) or current_stream(self.device_index), config, self.kernel, *args)

@@ -19,6 +19,10 @@ from kgen.registry import Variant
 CUDA_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 
 
+class RenderError(RuntimeError):
+    """A template could not be rendered (syntax error, undefined variable, missing file)."""
+
+
 @functools.lru_cache(maxsize=None)
 def _environment(template_dirs: tuple[Path, ...]) -> jinja2.Environment:
     return jinja2.Environment(
@@ -34,10 +38,15 @@ def _environment(template_dirs: tuple[Path, ...]) -> jinja2.Environment:
 def render(variant: Variant) -> str:
     """The CUDA source of ``variant``."""
     family = variant.family
-    template = _environment(family.template_dirs).get_template(family.template)
     params = variant.param_dict
     context = dict(params, family=family.name, variant_name=variant.name, entries=family.entries)
     if "dtype" in params:
         context["cuda_type"] = CUDA_TYPES[params["dtype"]]
-    header = f"// kgen: {variant.name}\n"
-    return header + template.render(**context)
+    try:
+        template = _environment(family.template_dirs).get_template(family.template)
+        body = template.render(**context)
+    except jinja2.TemplateSyntaxError as exc:
+        raise RenderError(f"{variant.name}: {exc.filename or family.template}:{exc.lineno}: {exc.message}") from None
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"{variant.name}: cannot render {family.template}: {exc}") from None
+    return f"// kgen: {variant.name}\n" + body

@@ -19,7 +19,12 @@ import yaml
 
 from kgen.spec_schema import SPEC_SCHEMA
 
-_VALIDATOR = jsonschema.Draft202012Validator(SPEC_SCHEMA)
+# JSON Schema counts 8.0 as an integer; a spec must not (it would render "128.0" into C++).
+_STRICT_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+_VALIDATOR = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_STRICT_TYPES)(SPEC_SCHEMA)
+#: Aliases can make a tiny file expand to a huge document; refuse anything this large.
+_MAX_EXPANDED_NODES = 100_000
 
 
 class SpecError(ValueError):
@@ -90,18 +95,27 @@ def _children(node: yaml.Node, path: tuple) -> list[tuple[yaml.Node, tuple]]:
 
 
 def _check_nodes(root: yaml.Node, file: Path) -> None:
-    """Refuse duplicate keys and self-referencing aliases, walking the node graph without recursion.
+    """Refuse duplicate keys, self-referencing aliases and alias bombs, walking the node graph without recursion.
 
     PyYAML keeps the last of two equal keys, which in a spec hides a mistake; an
-    alias inside its own anchor would make validation recurse forever.
+    alias inside its own anchor would make validation recurse forever; aliases
+    of aliases can expand a few lines into millions of values.
     """
     stack: list[tuple[yaml.Node, tuple, bool]] = [(root, (), False)]
     on_path: set[int] = set()
+    expanded: dict[int, int] = {}  # node -> number of nodes it expands to, once fully walked
     while stack:
         node, path, leaving = stack.pop()
+        children = _children(node, path)
         if leaving:
             on_path.discard(id(node))
+            expanded[id(node)] = 1 + sum(expanded[id(child)] for child, _ in children)
+            if expanded[id(node)] > _MAX_EXPANDED_NODES:
+                raise SpecError(file, _format_path(path), node.start_mark.line + 1,
+                                f"aliases expand this spec past {_MAX_EXPANDED_NODES} values")
             continue
+        if id(node) in expanded:
+            continue  # an alias of a node already checked
         if id(node) in on_path:
             raise SpecError(file, _format_path(path), node.start_mark.line + 1, "an alias refers to its own anchor")
         if isinstance(node, yaml.MappingNode):
@@ -112,7 +126,7 @@ def _check_nodes(root: yaml.Node, file: Path) -> None:
                 seen.add(key.value)
         on_path.add(id(node))
         stack.append((node, path, True))
-        stack.extend((child, child_path, False) for child, child_path in reversed(_children(node, path)))
+        stack.extend((child, child_path, False) for child, child_path in reversed(children))
 
 
 def _unconstructible_line(root: yaml.Node) -> int | None:

@@ -29,6 +29,8 @@ class _Kernels:
 
 
 _dispatch = DispatchCache()
+# torch.cuda.current_device() without its lazy-init check; absent from CPU-only torch builds.
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
 def _tile_rows(params: dict, itemsize: int) -> int:
@@ -84,7 +86,7 @@ def _launch(device_index: int, kernels: _Kernels, pair: tuple[KernelLauncher, Ke
     """Launch the tail or no-tail kernel over ``rows``; every argument is a pointer or an int64 scalar."""
     tile_rows = kernels.tile_rows
     kernel = pair[0] if rows % tile_rows else pair[1]
-    if device_index == torch._C._cuda_getDevice():
+    if device_index == _current_device():
         kernel(-(-rows // tile_rows), *args)
     else:
         with torch.cuda.device(device_index):
@@ -113,9 +115,10 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
     try:
         device_index, shape, dtype = v_a.get_device(), v_a.shape, v_a.dtype
         rows_shape = shape[:2]
+        ptr_a, ptr_b = v_a.data_ptr(), v_b.data_ptr()
         valid = (device_index >= 0 and dtype in _V_DTYPES and len(shape) == 3
                  and v_b.dtype is dtype and v_b.shape == shape and v_b.get_device() == device_index
-                 and v_a.is_contiguous() and v_b.is_contiguous() and not (v_a.data_ptr() | v_b.data_ptr()) & 15
+                 and v_a.is_contiguous() and v_b.is_contiguous() and not (ptr_a | ptr_b) & 15
                  and lse_a.dtype is torch.float32 and lse_b.dtype is torch.float32
                  and lse_a.shape == rows_shape and lse_b.shape == rows_shape
                  and lse_a.get_device() == device_index and lse_b.get_device() == device_index)
@@ -147,8 +150,8 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
         return v, lse
     kernels = _kernels(device_index, head_dim, dtype)
     _launch(device_index, kernels, kernels.two, rows,
-            v_a.data_ptr(), lse_a.data_ptr(), *lse_a.stride(),
-            v_b.data_ptr(), lse_b.data_ptr(), *lse_b.stride(),
+            ptr_a, lse_a.data_ptr(), *lse_a.stride(),
+            ptr_b, lse_b.data_ptr(), *lse_b.stride(),
             v.data_ptr(), lse.data_ptr(), rows, heads)
     return v, lse
 

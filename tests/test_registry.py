@@ -1,0 +1,368 @@
+"""The spec search path and the families it declares (kgen.registry), over temporary folders.
+
+Nothing here needs a GPU: a user variant is rendered and compiled with NVRTC for sm_90a.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kgen import config, registry
+from kgen.compiler import compile_cubin
+from kgen.registry import Registry, UnsupportedVariantError
+from kgen.render import render
+from kgen.spec import SpecError, load_spec_file
+
+FAMILY = "merge_attention_states"
+BUILTIN_SPEC = config.BUILTIN_SPEC_DIR / f"{FAMILY}.yaml"
+
+# The built-in family's axes, with head_dim 80 (which the built-in spec lacks) for bf16 only.
+USER_HEAD_DIM_80 = """
+family: merge_attention_states
+axes:
+  head_dim: [80]
+  dtype: [bf16]
+  num_warps: [4]
+  rows_per_thread: [2]
+  min_blocks_per_sm: [8]
+  has_incomplete_tile: [true, false]
+"""
+
+
+@pytest.fixture(autouse=True)
+def isolated_search_path():
+    """add_spec_path mutates module state; KGEN_SPEC_PATH may be set in the caller's environment."""
+    saved = list(registry._extra_dirs)
+    with config.overrides(KGEN_SPEC_PATH=None):
+        yield
+    registry._extra_dirs[:] = saved  # current() rebuilds itself once the path differs
+
+
+def make_folder(root: Path, name: str, files: dict[str, str]) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    for filename, text in files.items():
+        (folder / filename).write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return folder
+
+
+def params(variant) -> dict:
+    return variant.param_dict
+
+
+# --------------------------------------------------------------------------- merging
+
+
+def test_families_merge_across_files_and_folders(tmp_path):
+    first = make_folder(tmp_path, "first", {
+        "a_owner.yaml": """
+            family: demo
+            template: demo.cu.j2
+            entries: [k_main, k_aux]
+            axes:
+              num_warps: [1, 2]
+              tail: [tma]
+            defaults: {num_warps: 2}
+            """,
+        "b_more.yml": """
+            family: demo
+            axes:
+              tail: [tma, cp_async]
+              num_warps: [4]
+            """,
+        "c_other.yaml": """
+            family: other
+            template: other.cu.j2
+            entries: [k]
+            axes: {dtype: [fp32]}
+            """,
+    })
+    second = make_folder(tmp_path, "second", {
+        "demo_extra.yaml": """
+            family: demo
+            axes:
+              num_warps: [2, 8]
+              tail: [tma]
+            """,
+    })
+    reg = Registry([first, second])
+    assert sorted(reg.families) == ["demo", "other"]
+    demo = reg.family("demo")
+    assert demo.template == "demo.cu.j2"
+    assert demo.entries == ("k_main", "k_aux")
+    assert demo.axes == ("num_warps", "tail")
+    assert demo.defaults == {"num_warps": 2}
+    assert demo.template_dirs[0] == first
+    assert demo.template_dirs[-1] == config.BUILTIN_TEMPLATE_DIR
+    # Variants in search order, each once, params in the owner's axis order.
+    assert [v.params for v in demo.variants] == [
+        (("num_warps", 1), ("tail", "tma")),
+        (("num_warps", 2), ("tail", "tma")),
+        (("num_warps", 4), ("tail", "tma")),
+        (("num_warps", 4), ("tail", "cp_async")),
+        (("num_warps", 8), ("tail", "tma")),
+    ]
+    # (2, tma) is declared twice: the first file on the search path keeps it.
+    origins = {v.name: v.spec_path.name for v in demo.variants}
+    assert origins == {
+        "demo[num_warps=1,tail=tma]": "a_owner.yaml",
+        "demo[num_warps=2,tail=tma]": "a_owner.yaml",
+        "demo[num_warps=4,tail=tma]": "b_more.yml",
+        "demo[num_warps=4,tail=cp_async]": "b_more.yml",
+        "demo[num_warps=8,tail=tma]": "demo_extra.yaml",
+    }
+    assert [v.name for v in reg.family("other").variants] == ["other[dtype=fp32]"]
+    assert len(reg.variants()) == 6
+    assert demo.supported("tail") == ["cp_async", "tma"]
+    assert demo.supported("tail", num_warps=8) == ["tma"]
+
+
+def test_missing_folders_on_the_path_are_skipped(tmp_path):
+    folder = make_folder(tmp_path, "specs", {"x.yaml": "family: x\ntemplate: x.cu.j2\nentries: [k]\naxes: {num_warps: [1]}\n"})
+    reg = Registry([tmp_path / "does_not_exist", folder])
+    assert list(reg.families) == ["x"]
+
+
+def test_unknown_family_lists_the_known_ones(tmp_path):
+    folder = make_folder(tmp_path, "specs", {"x.yaml": "family: x\ntemplate: x.cu.j2\nentries: [k]\naxes: {num_warps: [1]}\n"})
+    with pytest.raises(UnsupportedVariantError, match=r"no kernel family 'y'.*families: \['x'\]"):
+        Registry([folder]).family("y")
+
+
+def test_two_files_naming_a_template_for_one_family_are_refused(tmp_path):
+    folder = make_folder(tmp_path, "specs", {
+        "one.yaml": "family: demo\ntemplate: a.cu.j2\nentries: [k]\naxes: {num_warps: [1]}\n",
+        "two.yaml": "family: demo\ntemplate: b.cu.j2\nentries: [k]\naxes: {num_warps: [2]}\n",
+    })
+    with pytest.raises(SpecError, match="exactly one spec naming its template; found 2") as info:
+        Registry([folder])
+    assert "one.yaml" in str(info.value) and "two.yaml" in str(info.value)
+    assert info.value.key_path == "template"
+
+
+def test_template_owners_in_two_folders_are_refused(tmp_path):
+    a = make_folder(tmp_path, "a", {"demo.yaml": "family: demo\ntemplate: a.cu.j2\nentries: [k]\naxes: {num_warps: [1]}\n"})
+    b = make_folder(tmp_path, "b", {"demo.yaml": "family: demo\ntemplate: a.cu.j2\nentries: [k]\naxes: {num_warps: [2]}\n"})
+    with pytest.raises(SpecError, match="found 2"):
+        Registry([a, b])
+
+
+def test_family_without_a_template_is_refused(tmp_path):
+    folder = make_folder(tmp_path, "specs", {"lonely.yaml": "family: lonely\naxes: {num_warps: [1]}\n"})
+    with pytest.raises(SpecError, match="found 0") as info:
+        Registry([folder])
+    assert "lonely.yaml" in str(info.value)
+
+
+def test_template_owner_must_list_entries(tmp_path):
+    folder = make_folder(tmp_path, "specs", {"demo.yaml": "family: demo\ntemplate: a.cu.j2\naxes: {num_warps: [1]}\n"})
+    with pytest.raises(SpecError, match="must list its entries") as info:
+        Registry([folder])
+    assert info.value.key_path == "entries"
+
+
+def test_mismatched_axes_across_files_are_refused(tmp_path):
+    folder = make_folder(tmp_path, "specs", {
+        "a_owner.yaml": "family: demo\ntemplate: a.cu.j2\nentries: [k]\naxes: {num_warps: [1], tail: [tma]}\n",
+        "b_extra.yaml": "family: demo\naxes: {num_warps: [2]}\n",
+    })
+    with pytest.raises(SpecError, match=r"has axes \['num_warps', 'tail'\]; this file has \['num_warps'\]") as info:
+        Registry([folder])
+    assert info.value.file.endswith("b_extra.yaml")
+    assert info.value.key_path == "axes"
+
+
+def test_a_user_file_with_different_axes_than_the_builtin_is_refused(tmp_path):
+    folder = make_folder(tmp_path, "user", {"extra.yaml": "family: merge_attention_states\naxes: {head_dim: [80], dtype: [bf16]}\n"})
+    with pytest.raises(SpecError, match="has axes"):
+        Registry([folder, config.BUILTIN_SPEC_DIR])
+
+
+def test_an_invalid_file_anywhere_on_the_path_is_a_spec_error(tmp_path):
+    folder = make_folder(tmp_path, "specs", {"bad.yaml": "family: demo\naxes:\n  num_warps: [1]\n  tail: [dma]\n"})
+    with pytest.raises(SpecError, match=r"bad\.yaml:4: axes\.tail\[0\]"):
+        Registry([folder])
+
+
+# --------------------------------------------------------------------------- select
+
+
+@pytest.fixture
+def demo_registry(tmp_path) -> Registry:
+    folder = make_folder(tmp_path, "specs", {
+        "demo.yaml": """
+            family: demo
+            template: demo.cu.j2
+            entries: [k]
+            axes:
+              num_warps: [1, 2, 4]
+              tail: [tma, cp_async]
+            exclude:
+              - {num_warps: 4, tail: cp_async}
+            defaults:
+              num_warps: 2
+              tail: cp_async
+            """,
+        "plain.yaml": """
+            family: plain
+            template: demo.cu.j2
+            entries: [k]
+            axes:
+              num_warps: [1, 2, 4]
+              tail: [tma, cp_async]
+            """,
+    })
+    return Registry([folder])
+
+
+def test_select_prefers_the_defaults(demo_registry):
+    demo = demo_registry.family("demo")
+    assert params(demo.select()) == {"num_warps": 2, "tail": "cp_async"}
+    assert params(demo.select(tail="tma")) == {"num_warps": 2, "tail": "tma"}
+    assert params(demo.select(num_warps=1)) == {"num_warps": 1, "tail": "cp_async"}
+    # (4, cp_async) is excluded, so the default tail cannot be had with num_warps=4.
+    assert params(demo.select(num_warps=4)) == {"num_warps": 4, "tail": "tma"}
+    # Without defaults the earliest variant wins.
+    plain = demo_registry.family("plain")
+    assert params(plain.select()) == {"num_warps": 1, "tail": "tma"}
+    assert params(plain.select(tail="cp_async")) == {"num_warps": 1, "tail": "cp_async"}
+
+
+def test_select_exact(demo_registry):
+    variant = demo_registry.family("demo").select(num_warps=4, tail="tma")
+    assert variant.name == "demo[num_warps=4,tail=tma]"
+    assert variant.family.name == "demo"
+
+
+def test_select_unsupported_value_lists_the_supported_ones(demo_registry):
+    demo = demo_registry.family("demo")
+    with pytest.raises(UnsupportedVariantError) as info:
+        demo.select(num_warps=3)
+    assert str(info.value) == "demo: num_warps=3 is not supported; supported: [1, 2, 4]"
+    # An excluded combination names what the other fixed values allow.
+    with pytest.raises(UnsupportedVariantError) as info:
+        demo.select(num_warps=4, tail="cp_async")
+    assert str(info.value) == "demo: tail='cp_async' is not supported with {'num_warps': 4}; supported: ['tma']"
+    with pytest.raises(UnsupportedVariantError, match=r"no axis \['head_dim'\]; axes: \['num_warps', 'tail'\]"):
+        demo.select(head_dim=64)
+    assert issubclass(UnsupportedVariantError, ValueError)  # the CLI maps ValueError to exit code 2
+
+
+def test_builtin_select_of_an_unsupported_head_dim_lists_the_spec_values():
+    family = registry.current().family(FAMILY)
+    with pytest.raises(UnsupportedVariantError, match="head_dim=80 is not supported") as info:
+        family.select(head_dim=80, dtype="bf16", has_incomplete_tile=True)
+    listed = str(info.value).split("supported: ")[-1]
+    assert listed == str(sorted(load_spec_file(BUILTIN_SPEC).axes["head_dim"]))
+
+
+# --------------------------------------------------------------------------- user spec folders
+
+
+@pytest.fixture
+def user_folder(tmp_path) -> Path:
+    return make_folder(tmp_path, "user_specs", {"extra_head_dims.yaml": USER_HEAD_DIM_80})
+
+
+def assert_has_user_variant(user_folder: Path):
+    family = registry.current().family(FAMILY)
+    variant = family.select(head_dim=80, dtype="bf16", has_incomplete_tile=True)
+    assert params(variant) == {"head_dim": 80, "dtype": "bf16", "num_warps": 4, "rows_per_thread": 2,
+                               "min_blocks_per_sm": 8, "has_incomplete_tile": True}
+    assert variant.spec_path.resolve() == (user_folder / "extra_head_dims.yaml").resolve()
+    assert 80 in family.supported("head_dim")
+    assert family.supported("dtype", head_dim=80) == ["bf16"]
+    # The built-in variants are all still there, and the template is still the built-in one.
+    builtin = {tuple(sorted(a)) for a in load_spec_file(BUILTIN_SPEC).assignments}
+    have = {tuple(sorted(v.params)) for v in family.variants}
+    assert builtin <= have
+    assert len(have) == len(builtin) + 2
+    assert family.template_dirs[0] == config.BUILTIN_SPEC_DIR
+    return variant
+
+
+def test_add_spec_path_adds_a_user_variant(user_folder):
+    with pytest.raises(UnsupportedVariantError):
+        registry.current().family(FAMILY).select(head_dim=80)
+    generation = registry.generation
+    registry.add_spec_path(user_folder)
+    assert registry.spec_path()[0] == user_folder.resolve()
+    assert registry.generation > generation  # ops drop their dispatch caches
+    assert_has_user_variant(user_folder)
+
+
+def test_add_spec_path_is_idempotent_and_accepts_strings(user_folder):
+    registry.add_spec_path(str(user_folder))
+    registry.add_spec_path(user_folder)
+    assert registry._extra_dirs.count(user_folder.resolve()) == 1
+
+
+def test_kgen_spec_path_adds_a_user_variant(user_folder):
+    with config.overrides(KGEN_SPEC_PATH=str(user_folder)):
+        assert_has_user_variant(user_folder)
+    # Leaving the override drops the user folder again.
+    with pytest.raises(UnsupportedVariantError, match="head_dim=80"):
+        registry.current().family(FAMILY).select(head_dim=80)
+
+
+def test_kgen_spec_path_takes_several_folders(user_folder, tmp_path):
+    other = make_folder(tmp_path, "other", {"fp16.yaml": USER_HEAD_DIM_80.replace("[bf16]", "[fp16]")})
+    with config.overrides(KGEN_SPEC_PATH=os.pathsep.join([str(other), "", str(user_folder)])):
+        family = registry.current().family(FAMILY)
+        assert family.supported("dtype", head_dim=80) == ["bf16", "fp16"]
+        assert family.select(head_dim=80, dtype="fp16").spec_path.parent == other
+
+
+def test_add_spec_path_comes_before_kgen_spec_path_before_builtins(tmp_path):
+    # The same (new) variants declared in two folders: the earlier folder on the path owns them.
+    added = make_folder(tmp_path, "added", {"x.yaml": USER_HEAD_DIM_80})
+    env = make_folder(tmp_path, "env", {"x.yaml": USER_HEAD_DIM_80})
+    with config.overrides(KGEN_SPEC_PATH=str(env)):
+        assert registry.current().family(FAMILY).select(head_dim=80).spec_path.parent == env
+        registry.add_spec_path(added)
+        assert registry.spec_path() == [added.resolve(), env, config.BUILTIN_SPEC_DIR]
+        assert registry.current().family(FAMILY).select(head_dim=80).spec_path.parent == added.resolve()
+
+
+def test_add_spec_path_refuses_bad_folders_and_keeps_the_path(tmp_path):
+    before = list(registry._extra_dirs)
+    with pytest.raises(FileNotFoundError):
+        registry.add_spec_path(tmp_path / "missing")
+    bad = make_folder(tmp_path, "bad", {"bad.yaml": "family: demo\naxes: {head_dims: [64]}\n"})
+    with pytest.raises(SpecError, match="head_dims"):
+        registry.add_spec_path(bad)
+    assert registry._extra_dirs == before
+    assert FAMILY in registry.current().families  # the registry still loads
+
+
+def test_user_variant_renders_and_compiles_without_spills(user_folder):
+    registry.add_spec_path(user_folder)
+    variant = registry.current().family(FAMILY).select(head_dim=80, dtype="bf16", has_incomplete_tile=True)
+    source = render(variant)
+    assert source.startswith(f"// kgen: {variant.name}\n")
+    assert "kHeadDim = 80;" in source
+    assert "__nv_bfloat16" in source
+    assert "merge_states_2" in source and "merge_states_n" in source
+    cubin, record = compile_cubin(source, "sm_90a", variant.name)
+    assert cubin[:4] == b"\x7fELF"
+    assert record.arch == "sm_90a"
+    assert set(record.entries) == {"merge_states_2", "merge_states_n"}
+    assert all(e.registers > 0 for e in record.entries.values())
+    assert record.spills == 0
+
+
+def test_a_user_family_uses_the_template_next_to_its_spec(tmp_path):
+    # The user's template has the built-in template's file name: the spec's folder is searched first.
+    folder = make_folder(tmp_path, "user", {
+        "shadow.yaml": "family: shadow\ntemplate: merge_attention_states.cu.j2\nentries: [k]\naxes: {num_warps: [1, 2]}\n",
+        "merge_attention_states.cu.j2": "// user template, {{ num_warps * 32 }} threads, {{ family }}\n",
+    })
+    registry.add_spec_path(folder)
+    family = registry.current().family("shadow")
+    assert family.template_dirs[0] == folder.resolve()
+    source = render(family.select(num_warps=2))
+    assert source == "// kgen: shadow[num_warps=2]\n// user template, 64 threads, shadow\n"
