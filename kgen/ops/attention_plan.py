@@ -1,0 +1,171 @@
+"""Host-side planning for varlen GQA attention prefill: which key tiles each query tile visits, and in what order.
+
+A batch of sequences is packed along the token dimension and described by
+``cu_seqlens`` (cumulative lengths, starting at 0). The kernel splits every
+sequence's queries into tiles of ``tile_m`` rows and walks its keys in tiles of
+``tile_n``. The mask (causal and/or a sliding window, bottom-right aligned as
+FlashAttention does when a sequence has more keys than queries) leaves each
+query tile a contiguous run of key tiles, possibly none. The planner computes
+those runs and orders the work so the costliest tiles start first, which keeps
+the last wave of a skewed batch short.
+
+Plans are built from host data only: reading ``cu_seqlens`` from the GPU would
+force a device-to-host synchronisation on every call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+_CU_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True)
+class TileSchedule:
+    """The work of one varlen prefill launch.
+
+    ``work[i]`` is ``(seq_index, q_tile_index)``; ``num_key_tiles[i]`` is how many
+    key tiles that query tile visits (0 when the mask hides every key: its rows
+    are written as zeros with ``lse = -inf``).
+    """
+
+    work: tuple[tuple[int, int], ...]
+    num_key_tiles: tuple[int, ...]
+    max_seqlen_q: int
+    max_seqlen_k: int
+    total_q: int
+    total_k: int
+    #: Some sequence ends inside a query or key tile, so the kernel needs its bounds-checked variant.
+    has_incomplete_tile: bool
+    tile_m: int
+    tile_n: int
+
+
+def _check_int(name: str, value, *, minimum: int, what: str = "") -> int:
+    # bool is an int subclass, but True as a length or a window is a caller's mistake.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int{what}, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}{what}, got {value}")
+    return value
+
+
+def validate_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
+    """The sliding window ``(left, right)`` with causality folded in: ``right = 0`` when ``causal``.
+
+    Each entry is how many keys before (left) or after (right) the query's
+    diagonal it may attend; -1 means unbounded on that side.
+    """
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window: expected a pair of ints (left, right), got {window!r}")
+    unbounded = " (-1 = unbounded)"
+    left = _check_int("window[0]", window[0], minimum=-1, what=unbounded)
+    right = _check_int("window[1]", window[1], minimum=-1, what=unbounded)
+    return left, 0 if causal else right
+
+
+def key_tile_range(lq: int, lk: int, q_tile: int, *, tile_m: int, tile_n: int,
+                   window: tuple[int, int]) -> tuple[int, int]:
+    """The key tiles ``[n_begin, n_end)`` that hold an allowed key for some row of query tile ``q_tile``.
+
+    ``window`` is already merged with causality (see :func:`validate_window`).
+    Row ``r`` may attend key ``j`` iff ``r + d - left <= j <= r + d + right``
+    with ``d = lk - lq`` (a side of -1 drops its bound) and ``0 <= j < lk``.
+    An empty range is ``(0, 0)``.
+    """
+    first_row = q_tile * tile_m
+    if not 0 <= first_row < lq:
+        raise ValueError(f"q_tile: tile {q_tile} of {tile_m} rows is outside a sequence of {lq} queries")
+    last_row = min(first_row + tile_m, lq) - 1
+    left, right = window
+    diagonal = lk - lq
+    # Both bounds grow by at most one key per row, so the rows' allowed keys
+    # overlap or touch, and rows that see no key can only sit at the start
+    # (bound above by key 0) or at the end (bound below by key lk): the union
+    # over the tile is the first row's lower bound to the last row's upper bound.
+    first_key = max(first_row + diagonal - left, 0) if left >= 0 else 0
+    last_key = min(last_row + diagonal + right, lk - 1) if right >= 0 else lk - 1
+    if first_key > last_key:
+        return 0, 0
+    return first_key // tile_n, last_key // tile_n + 1
+
+
+def _check_seqlens(name: str, seqlens: Sequence[int]) -> list[int]:
+    if not isinstance(seqlens, (list, tuple)):
+        raise TypeError(f"{name}: expected a list or tuple of ints, got {type(seqlens).__name__}")
+    return [_check_int(f"{name}[{i}]", n, minimum=0) for i, n in enumerate(seqlens)]
+
+
+def plan_tiles(seqlens_q: list[int], seqlens_k: list[int], *, tile_m: int, tile_n: int, causal: bool,
+               window: tuple[int, int]) -> TileSchedule:
+    """Every query tile of every sequence with queries, costliest first (ties by sequence, then tile)."""
+    seqlens_q = _check_seqlens("seqlens_q", seqlens_q)
+    seqlens_k = _check_seqlens("seqlens_k", seqlens_k)
+    if len(seqlens_k) != len(seqlens_q):
+        raise ValueError(f"seqlens_k: expected one length per sequence of seqlens_q ({len(seqlens_q)}), "
+                         f"got {len(seqlens_k)}")
+    _check_int("tile_m", tile_m, minimum=1)
+    _check_int("tile_n", tile_n, minimum=1)
+    merged = validate_window(causal, window)
+
+    items = []  # (-cost, seq, tile): sorting it gives the schedule's order
+    for seq, (lq, lk) in enumerate(zip(seqlens_q, seqlens_k)):
+        for tile in range(-(-lq // tile_m)):
+            n_begin, n_end = key_tile_range(lq, lk, tile, tile_m=tile_m, tile_n=tile_n, window=merged)
+            items.append((n_begin - n_end, seq, tile))
+    items.sort()
+    # A length of 0 is a multiple of any tile, so empty sequences never need the tail variant.
+    incomplete = any(lq % tile_m or lk % tile_n for lq, lk in zip(seqlens_q, seqlens_k))
+    return TileSchedule(
+        work=tuple((seq, tile) for _, seq, tile in items),
+        num_key_tiles=tuple(-negative_cost for negative_cost, _, _ in items),
+        max_seqlen_q=max(seqlens_q, default=0),
+        max_seqlen_k=max(seqlens_k, default=0),
+        total_q=sum(seqlens_q),
+        total_k=sum(seqlens_k),
+        has_incomplete_tile=bool(incomplete),
+        tile_m=tile_m,
+        tile_n=tile_n,
+    )
+
+
+def seqlens_from_cu(cu: Sequence[int] | torch.Tensor, name: str) -> list[int]:
+    """The sequence lengths described by cumulative lengths ``cu`` (``[0, n0, n0 + n1, ...]``).
+
+    ``cu`` is a list or tuple of ints, or a CPU int32/int64 1-D tensor; ``name``
+    is the argument's name for error messages.
+    """
+    if isinstance(cu, torch.Tensor):
+        if cu.is_cuda:
+            raise ValueError(f"{name}: attention plans are built from host data, and reading a CUDA tensor "
+                             f"would force a device->host sync; pass a CPU tensor or a list of ints instead")
+        if cu.device.type != "cpu":
+            raise ValueError(f"{name}: expected a CPU tensor or a list of ints, got a tensor on {cu.device}")
+        if cu.dim() != 1:
+            raise ValueError(f"{name}: expected a 1-D tensor, got shape {tuple(cu.shape)}")
+        if cu.dtype not in _CU_DTYPES:
+            raise TypeError(f"{name}: expected dtype in {[str(d) for d in _CU_DTYPES]}, got {cu.dtype}")
+        values = cu.tolist()
+    elif isinstance(cu, (list, tuple)):
+        values = list(cu)
+        for i, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}[{i}]: expected an int, got {type(value).__name__} {value!r}")
+    else:
+        raise TypeError(f"{name}: expected a list or tuple of ints or a CPU int32/int64 1-D tensor, "
+                        f"got {type(cu).__name__}")
+    if not values:
+        raise ValueError(f"{name}: expected at least one entry (the leading 0), got none")
+    if values[0] != 0:
+        raise ValueError(f"{name}: must start at 0, got {name}[0]={values[0]}")
+    for i in range(1, len(values)):
+        if values[i] < values[i - 1]:
+            raise ValueError(f"{name}: must be non-decreasing, but {name}[{i}]={values[i]} "
+                             f"< {name}[{i - 1}]={values[i - 1]}")
+    return [b - a for a, b in zip(values, values[1:])]
+

@@ -1,0 +1,183 @@
+"""attention_varlen on the GPU against a float64 reference per sequence, on fresh random batches.
+
+Outputs are preallocated and poisoned with NaN; every element of out and of the
+LSE is checked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+from kgen import registry  # noqa: E402
+from kgen.ops import attention_varlen, plan_attention_varlen  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# P is rounded to 16 bits before P V, as in FlashAttention; the error is that rounding.
+OUT_TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def head_dims() -> list[int]:
+    return registry.current().family("attention_prefill").supported("head_dim")
+
+
+def reference(q, k, v, seqlens_q, seqlens_k, window, sink, scale):
+    """float64 out [total_q, Hq, D] and lse [Hq, total_q]; window (left, right) with causal folded in."""
+    heads_q, heads_kv = q.shape[1], k.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    lse = torch.full((heads_q, q.shape[0]), -math.inf, dtype=torch.float64, device=q.device)
+    q0 = k0 = 0
+    for lq, lk in zip(seqlens_q, seqlens_k):
+        if lq:
+            qi = q[q0:q0 + lq].double()
+            ki = k[k0:k0 + lk].double().repeat_interleave(heads_q // heads_kv, dim=1)
+            vi = v[k0:k0 + lk].double().repeat_interleave(heads_q // heads_kv, dim=1)
+            s = torch.einsum("qhd,khd->hqk", qi, ki) * scale
+            rows = torch.arange(lq, device=q.device).view(-1, 1)
+            keys = torch.arange(lk, device=q.device).view(1, -1)
+            allowed = torch.ones((lq, lk), dtype=torch.bool, device=q.device)
+            if window[0] >= 0:
+                allowed &= keys >= rows + (lk - lq) - window[0]
+            if window[1] >= 0:
+                allowed &= keys <= rows + (lk - lq) + window[1]
+            s = s.masked_fill(~allowed, -math.inf)
+            if sink is not None:
+                s = torch.cat([s, sink.double().view(-1, 1, 1).expand(-1, lq, 1)], dim=2)
+            if s.shape[2] == 0:  # no keys and no sink: the row stays 0 with LSE -inf
+                q0, k0 = q0 + lq, k0 + lk
+                continue
+            m = s.amax(dim=2, keepdim=True)
+            m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+            p = torch.exp(s - m)
+            denom = p.sum(dim=2, keepdim=True)
+            o = torch.einsum("hqk,khd->qhd", p[..., :lk], vi) / torch.where(denom > 0, denom, 1).permute(1, 0, 2)
+            out[q0:q0 + lq] = o
+            lse[:, q0:q0 + lq] = torch.where(denom > 0, m + torch.log(denom), -math.inf).squeeze(2)
+        q0, k0 = q0 + lq, k0 + lk
+    return out, lse
+
+
+def run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, dtype, causal, window, use_sink, seed, use_plan=True):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    total_q, total_k, heads_q = sum(seqlens_q), sum(seqlens_k), heads_kv * group
+    q = torch.randn((total_q, heads_q, head_dim), generator=gen, device="cuda").to(dtype)
+    k = torch.randn((total_k, heads_kv, head_dim), generator=gen, device="cuda").to(dtype)
+    v = torch.randn((total_k, heads_kv, head_dim), generator=gen, device="cuda").to(dtype)
+    sink = torch.randn((heads_q,), generator=gen, device="cuda") * 2 if use_sink else None
+    cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0).tolist()), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0).tolist()), dtype=torch.int32)
+    plan = plan_attention_varlen(cu_q, cu_k, head_dim=head_dim, dtype=dtype, causal=causal, window=window) if use_plan else None
+    out = torch.full((total_q, heads_q, head_dim), float("nan"), dtype=dtype, device="cuda")
+    lse = torch.full((heads_q, total_q), float("nan"), dtype=torch.float32, device="cuda")
+    scale = 1.0 / math.sqrt(head_dim)
+    result = attention_varlen(q, k, v, cu_q.cuda(), cu_k.cuda(), causal=causal, window=window, sink=sink,
+                              return_lse=True, plan=plan, out=out, lse_out=lse)
+    assert result[0] is out and result[1] is lse
+    torch.cuda.synchronize()
+    merged = (window[0], 0 if causal else window[1])
+    out_ref, lse_ref = reference(q, k, v, seqlens_q, seqlens_k, merged, sink, scale)
+    assert not torch.isnan(out).any(), "NaN in out: a row was not written"
+    assert not torch.isnan(lse).any(), "NaN in lse: a row was not written"
+    tol = OUT_TOL[dtype]
+    torch.testing.assert_close(out.double(), out_ref, atol=tol, rtol=tol)
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_ref)), "rows with no keys differ"
+    finite = torch.isfinite(lse_ref)
+    torch.testing.assert_close(lse.double()[finite], lse_ref[finite], atol=2e-3, rtol=1e-4)
+
+
+lengths = st.one_of(st.integers(0, 200), st.sampled_from([1, 63, 64, 65, 127, 128, 129]))
+windows = st.tuples(st.sampled_from([-1, -1, 0, 1, 17, 100]), st.sampled_from([-1, -1, 0, 3, 64]))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seqs=st.lists(st.tuples(lengths, lengths), min_size=1, max_size=5),
+    heads_kv=st.sampled_from([1, 2]), group=st.sampled_from([1, 2, 4]),
+    head_dim=st.sampled_from(head_dims()), dtype=st.sampled_from(list(DTYPES)),
+    causal=st.booleans(), window=windows, use_sink=st.booleans(), seed=st.integers(0, 2**31 - 1),
+)
+def test_attention_matches_reference(seqs, heads_kv, group, head_dim, dtype, causal, window, use_sink, seed):
+    seqlens_q, seqlens_k = [s[0] for s in seqs], [s[1] for s in seqs]
+    run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, DTYPES[dtype], causal, window, use_sink, seed)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tiles=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, max_size=4),
+    head_dim=st.sampled_from(head_dims()), causal=st.booleans(), seed=st.integers(0, 2**31 - 1),
+)
+def test_full_tile_batches_use_the_no_tail_variant(tiles, head_dim, causal, seed):
+    seqlens_q, seqlens_k = [64 * a for a, _ in tiles], [64 * b for _, b in tiles]
+    cu = [0]
+    for n in seqlens_q:
+        cu.append(cu[-1] + n)
+    cu_k = [0]
+    for n in seqlens_k:
+        cu_k.append(cu_k[-1] + n)
+    assert not plan_attention_varlen(cu, cu_k, head_dim=head_dim, causal=causal).has_incomplete_tile
+    run_case(seqlens_q, seqlens_k, 2, 2, head_dim, torch.bfloat16, causal, (-1, -1), False, seed)
+
+
+@pytest.mark.parametrize("length", [1, 31, 63, 64, 65, 255, 256, 257, 1023, 1025, 4096])
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_sequences(length, causal):
+    run_case([length, 7], [length, 7], 2, 4, 128, torch.bfloat16, causal, (-1, -1), False, seed=length)
+
+
+def test_without_a_plan_the_op_plans_for_itself():
+    run_case([100, 0, 33], [90, 5, 70], 2, 2, 64, torch.float16, True, (-1, -1), True, seed=3, use_plan=False)
+
+
+def test_cuda_graph_capture_and_replay():
+    seqlens = [130, 64, 1]
+    cu = torch.tensor([0, 130, 194, 195], dtype=torch.int32)
+    plan = plan_attention_varlen(cu, cu, head_dim=128, causal=True)
+    q = torch.randn((195, 8, 128), device="cuda").to(torch.bfloat16)
+    k = torch.randn((195, 2, 128), device="cuda").to(torch.bfloat16)
+    v = torch.randn((195, 2, 128), device="cuda").to(torch.bfloat16)
+    out = torch.empty_like(q)
+    cu_d = cu.cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        attention_varlen(q, k, v, cu_d, cu_d, causal=True, plan=plan, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attention_varlen(q, k, v, cu_d, cu_d, causal=True, plan=plan, out=out)
+    for _ in range(2):
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, device="cuda").to(t.dtype))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = reference(q, k, v, seqlens, seqlens, (-1, 0), None, 1 / math.sqrt(128))
+        torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_bad_inputs_name_the_argument():
+    q = torch.randn((10, 4, 64), device="cuda").to(torch.bfloat16)
+    k = torch.randn((10, 2, 64), device="cuda").to(torch.bfloat16)
+    cu = torch.tensor([0, 10], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="multiple of Hkv"):
+        attention_varlen(q, k[:, :1].expand(10, 3, 64).contiguous(), k[:, :1].expand(10, 3, 64).contiguous(), cu, cu)
+    with pytest.raises(TypeError, match="k: expected dtype"):
+        attention_varlen(q, k.half(), k.half(), cu, cu)
+    with pytest.raises(ValueError, match="supported"):
+        w = torch.randn((10, 2, 72), device="cuda").to(torch.bfloat16)
+        attention_varlen(w, w, w, cu, cu)
+    with pytest.raises(ValueError, match="last dimension must be contiguous"):
+        attention_varlen(torch.randn((10, 64, 4), device="cuda").to(torch.bfloat16).transpose(1, 2), k, k, cu, cu)
+    with pytest.raises(TypeError, match="cu_seqlens_q"):
+        attention_varlen(q, k, k, cu.long(), cu)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        attention_varlen(q, k, k, torch.tensor([0, 6, 4, 10], dtype=torch.int32, device="cuda"), torch.tensor([0, 3, 6, 10], dtype=torch.int32, device="cuda"))

@@ -1,0 +1,274 @@
+"""The varlen attention planner (kgen.ops.attention_plan) against a brute-force model of the mask.
+
+The model builds each sequence's full [Lq, Lk] boolean mask from the rule
+"row r may attend key j iff r + (Lk - Lq) - left <= j <= r + (Lk - Lq) + right"
+and reads off which key tiles each query tile touches; it shares no interval
+reasoning with the planner. Nothing here needs a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kgen.ops.attention_plan import (
+    TileSchedule, key_tile_range, plan_tiles, seqlens_from_cu, validate_window,
+)
+
+TILES = (16, 32, 64, 128)
+
+
+# --- the brute-force model ---------------------------------------------------------------------------------------
+
+def allowed_mask(lq: int, lk: int, causal: bool, window: tuple[int, int]) -> torch.Tensor:
+    """[lq, lk]: may row r attend key j."""
+    left, right = window
+    if causal:
+        right = 0
+    r = torch.arange(lq).unsqueeze(1)
+    j = torch.arange(lk).unsqueeze(0)
+    mask = torch.ones(lq, lk, dtype=torch.bool)
+    if left >= 0:
+        mask &= j >= r + (lk - lq) - left
+    if right >= 0:
+        mask &= j <= r + (lk - lq) + right
+    return mask
+
+
+def brute_force_ranges(lq: int, lk: int, tile_m: int, tile_n: int, causal: bool,
+                       window: tuple[int, int]) -> list[tuple[int, int]]:
+    """Per query tile, the smallest [n_begin, n_end) covering every key tile with an allowed key; (0, 0) if none."""
+    mask = allowed_mask(lq, lk, causal, window)
+    ranges = []
+    for first_row in range(0, lq, tile_m):
+        keys = mask[first_row:first_row + tile_m].any(dim=0).nonzero().flatten()
+        key_tiles = sorted({int(k) // tile_n for k in keys})
+        ranges.append((key_tiles[0], key_tiles[-1] + 1) if key_tiles else (0, 0))
+    return ranges
+
+
+def brute_force_incomplete(seqlens_q: list[int], seqlens_k: list[int], tile_m: int, tile_n: int) -> bool:
+    """Does some query or key tile hold fewer rows than the tile size?"""
+    def short_tile(length: int, tile: int) -> bool:
+        return any(len(range(start, min(start + tile, length))) < tile for start in range(0, length, tile))
+    return any(short_tile(lq, tile_m) or short_tile(lk, tile_n) for lq, lk in zip(seqlens_q, seqlens_k))
+
+
+def check_against_model(seqlens_q: list[int], seqlens_k: list[int], tile_m: int, tile_n: int, causal: bool,
+                        window: tuple[int, int]) -> TileSchedule:
+    plan = plan_tiles(seqlens_q, seqlens_k, tile_m=tile_m, tile_n=tile_n, causal=causal, window=window)
+    merged = validate_window(causal, window)
+    expected_cost = {}
+    for seq, (lq, lk) in enumerate(zip(seqlens_q, seqlens_k)):
+        for tile, expected in enumerate(brute_force_ranges(lq, lk, tile_m, tile_n, causal, window)):
+            got = key_tile_range(lq, lk, tile, tile_m=tile_m, tile_n=tile_n, window=merged)
+            assert got == expected, f"seq {seq} (Lq={lq}, Lk={lk}) tile {tile}"
+            expected_cost[seq, tile] = expected[1] - expected[0]
+
+    # Every query tile exactly once, each with its own cost.
+    assert len(plan.work) == len(plan.num_key_tiles) == len(expected_cost)
+    assert sorted(plan.work) == sorted(expected_cost)
+    assert [expected_cost[item] for item in plan.work] == list(plan.num_key_tiles)
+    # Costliest first; equal costs by (seq, tile) ascending.
+    order = [(-cost, item) for cost, item in zip(plan.num_key_tiles, plan.work)]
+    assert all(a < b for a, b in zip(order, order[1:]))
+
+    assert plan.total_q == sum(seqlens_q) and plan.total_k == sum(seqlens_k)
+    assert plan.max_seqlen_q == max(seqlens_q, default=0)
+    assert plan.max_seqlen_k == max(seqlens_k, default=0)
+    assert plan.has_incomplete_tile is brute_force_incomplete(seqlens_q, seqlens_k, tile_m, tile_n)
+    assert (plan.tile_m, plan.tile_n) == (tile_m, tile_n)
+    return plan
+
+
+# --- random batches ----------------------------------------------------------------------------------------------
+
+# Plain draws, the short edge cases, whole tiles of every size (so batches with no partial tile, or partial
+# tiles on one side only, come up often), and every residue modulo the largest tile (hence modulo each tile).
+lengths = st.one_of(
+    st.integers(0, 600),
+    st.sampled_from([0, 1, 2]),
+    st.integers(0, 4).map(lambda whole: 128 * whole),
+    st.builds(lambda whole, rest: 128 * whole + rest, st.integers(0, 3), st.integers(0, 127)),
+)
+
+
+@st.composite
+def sequence(draw) -> tuple[int, int]:
+    lq = draw(lengths)
+    # Self-attention (Lk == Lq) and a cached prefix (Lk > Lq) are the common shapes; Lk < Lq is legal too.
+    lk = draw(st.one_of(st.just(lq), st.builds(lambda extra: min(lq + extra, 600), st.integers(0, 200)), lengths))
+    return lq, lk
+
+
+window_side = st.one_of(st.just(-1), st.integers(0, 8), st.integers(0, 700))
+
+
+@settings(max_examples=250, deadline=None)
+@given(batch=st.lists(sequence(), max_size=12), tile_m=st.sampled_from(TILES), tile_n=st.sampled_from(TILES),
+       causal=st.booleans(), window=st.tuples(window_side, window_side))
+def test_plan_matches_brute_force(batch, tile_m, tile_n, causal, window):
+    check_against_model([q for q, _ in batch], [k for _, k in batch], tile_m, tile_n, causal, window)
+
+
+@pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)), (True, (100, -1)),
+                                            (False, (37, 5)), (False, (0, 0))])
+@pytest.mark.parametrize("tile_m, tile_n", [(16, 128), (64, 64), (128, 32)])
+def test_every_residue_against_brute_force(tile_m, tile_n, causal, window):
+    # Lq = 0..259 covers each residue modulo 128 at least twice; Lk strays both sides of Lq.
+    seqlens_q = list(range(260))
+    seqlens_k = [max(lq + (lq * 37) % 91 - 45, 0) for lq in seqlens_q]
+    check_against_model(seqlens_q, seqlens_k, tile_m, tile_n, causal, window)
+
+
+# --- hand-checked cases: pin the mask rule itself, independently of the model above -----------------------------
+
+def key_ranges(lq, lk, window):
+    """Per query row (tile_m = tile_n = 1), the allowed keys as [first, last + 1)."""
+    return [key_tile_range(lq, lk, r, tile_m=1, tile_n=1, window=window) for r in range(lq)]
+
+
+def test_causal_is_bottom_right_aligned():
+    # FlashAttention's examples: with 2 queries and 5 keys row 0 sees keys 0..3, row 1 sees 0..4;
+    # with 5 queries and 2 keys the first three rows see nothing.
+    assert key_ranges(2, 5, (-1, 0)) == [(0, 4), (0, 5)]
+    assert key_ranges(5, 2, (-1, 0)) == [(0, 0), (0, 0), (0, 0), (0, 1), (0, 2)]
+
+
+def test_sliding_window_bounds_both_sides():
+    ranges = key_ranges(10, 10, (2, 1))
+    assert ranges[0] == (0, 2) and ranges[5] == (3, 7) and ranges[9] == (7, 10)
+    assert key_ranges(3, 3, (0, 0)) == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_causal_plan_runs_longest_tiles_first():
+    plan = plan_tiles([256, 100], [256, 100], tile_m=64, tile_n=64, causal=True, window=(-1, -1))
+    assert plan.work == ((0, 3), (0, 2), (0, 1), (1, 1), (0, 0), (1, 0))
+    assert plan.num_key_tiles == (4, 3, 2, 2, 1, 1)
+    assert (plan.max_seqlen_q, plan.max_seqlen_k, plan.total_q, plan.total_k) == (256, 256, 356, 356)
+    assert plan.has_incomplete_tile  # 100 is not a multiple of 64
+
+
+def test_a_partial_key_tile_alone_needs_the_tail_variant():
+    plan = plan_tiles([128, 64], [128, 100], tile_m=64, tile_n=64, causal=False, window=(-1, -1))
+    assert plan.has_incomplete_tile  # every query tile is full, but keys 64..99 fill only part of a tile
+    assert not plan_tiles([128, 64], [128, 128], tile_m=64, tile_n=64, causal=False, window=(-1, -1)).has_incomplete_tile
+
+
+def test_queries_without_keys_are_scheduled_with_no_key_tiles():
+    plan = plan_tiles([128], [0], tile_m=64, tile_n=64, causal=False, window=(-1, -1))
+    assert plan.work == ((0, 0), (0, 1)) and plan.num_key_tiles == (0, 0)
+    assert not plan.has_incomplete_tile  # 128 queries fill two tiles; no keys is no partial key tile
+
+
+def test_empty_sequences_are_complete_and_unscheduled():
+    plan = plan_tiles([0, 64, 0], [64, 0, 0], tile_m=64, tile_n=64, causal=True, window=(-1, -1))
+    assert plan.work == ((1, 0),) and plan.num_key_tiles == (0,)
+    assert not plan.has_incomplete_tile
+    empty = plan_tiles([], [], tile_m=16, tile_n=16, causal=False, window=(-1, -1))
+    assert empty == TileSchedule(work=(), num_key_tiles=(), max_seqlen_q=0, max_seqlen_k=0, total_q=0, total_k=0,
+                                 has_incomplete_tile=False, tile_m=16, tile_n=16)
+
+
+def test_plan_tiles_refuses_bad_arguments_by_name():
+    ok = dict(tile_m=64, tile_n=64, causal=False, window=(-1, -1))
+    with pytest.raises(ValueError, match=r"seqlens_k: expected one length per sequence of seqlens_q \(2\), got 1"):
+        plan_tiles([1, 2], [1], **ok)
+    with pytest.raises(ValueError, match=r"seqlens_q\[1\]: expected an int >= 0, got -3"):
+        plan_tiles([1, -3], [1, 1], **ok)
+    with pytest.raises(ValueError, match="tile_n: expected an int >= 1, got 0"):
+        plan_tiles([1], [1], **dict(ok, tile_n=0))
+    with pytest.raises(ValueError, match=r"window\[1\]"):
+        plan_tiles([1], [1], **dict(ok, window=(-1, -7)))
+
+
+def test_key_tile_range_refuses_a_tile_past_the_sequence():
+    with pytest.raises(ValueError, match="q_tile: tile 2 of 64 rows is outside a sequence of 128 queries"):
+        key_tile_range(128, 128, 2, tile_m=64, tile_n=64, window=(-1, -1))
+
+
+# --- cu_seqlens --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cu", [[0, 3, 3, 10], (0, 3, 3, 10), torch.tensor([0, 3, 3, 10], dtype=torch.int32),
+                                torch.tensor([0, 3, 3, 10], dtype=torch.int64)], ids=["list", "tuple", "int32", "int64"])
+def test_seqlens_from_cu_accepts_host_data(cu):
+    assert seqlens_from_cu(cu, "cu_seqlens_q") == [3, 0, 7]
+
+
+def test_a_lone_zero_is_an_empty_batch():
+    assert seqlens_from_cu([0], "cu_seqlens_q") == []
+
+
+@pytest.mark.parametrize("cu", [[0, 4, 9, 5], torch.tensor([0, 4, 9, 5])], ids=["list", "tensor"])
+def test_decreasing_cu_seqlens_are_refused_at_the_first_drop(cu):
+    with pytest.raises(ValueError) as info:
+        seqlens_from_cu(cu, "cu_seqlens_q")
+    assert str(info.value) == "cu_seqlens_q: must be non-decreasing, but cu_seqlens_q[3]=5 < cu_seqlens_q[2]=9"
+
+
+@pytest.mark.parametrize("cu, error, message", [
+    ([], ValueError, r"cu_seqlens_k: expected at least one entry"),
+    ([0, -3], ValueError, r"cu_seqlens_k: must be non-decreasing, but cu_seqlens_k\[1\]=-3 < cu_seqlens_k\[0\]=0"),
+    ([-1, 4], ValueError, r"cu_seqlens_k: must start at 0, got cu_seqlens_k\[0\]=-1"),
+    (torch.tensor([2, 4]), ValueError, r"cu_seqlens_k: must start at 0, got cu_seqlens_k\[0\]=2"),
+    ([0, 1.5], TypeError, r"cu_seqlens_k\[1\]: expected an int, got float"),
+    ([0, True], TypeError, r"cu_seqlens_k\[1\]: expected an int, got bool"),
+    (torch.tensor([0.0, 4.0]), TypeError, r"cu_seqlens_k: expected dtype in \['torch.int32', 'torch.int64'\], "
+                                          r"got torch.float32"),
+    (torch.tensor([[0, 4]]), ValueError, r"cu_seqlens_k: expected a 1-D tensor, got shape \(1, 2\)"),
+    (torch.empty(3, dtype=torch.int32, device="meta"), ValueError, r"cu_seqlens_k: expected a CPU tensor"),
+    ("0,4", TypeError, r"cu_seqlens_k: expected a list or tuple of ints or a CPU int32/int64 1-D tensor, got str"),
+], ids=["empty", "negative-length", "negative-start", "nonzero-start", "float-entry", "bool-entry", "float-dtype",
+        "2-D", "meta", "string"])
+def test_bad_cu_seqlens_are_refused_by_name(cu, error, message):
+    with pytest.raises(error, match=message):
+        seqlens_from_cu(cu, "cu_seqlens_k")
+
+
+CUDA_REFUSAL = r"cu_seqlens_q: attention plans are built from host data.*device->host sync.*CPU tensor or a list"
+
+
+class _ClaimsCuda(torch.Tensor):
+    """A CPU tensor that reports is_cuda, the attribute the planner checks, so the refusal runs without a GPU."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+
+def test_a_tensor_reporting_cuda_is_refused_before_it_is_read():
+    cu = torch.tensor([0, 4, 8], dtype=torch.int32).as_subclass(_ClaimsCuda)
+    with pytest.raises(ValueError, match=CUDA_REFUSAL):
+        seqlens_from_cu(cu, "cu_seqlens_q")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_tensor_is_refused():
+    with pytest.raises(ValueError, match=CUDA_REFUSAL):
+        seqlens_from_cu(torch.tensor([0, 4, 8], dtype=torch.int32, device="cuda"), "cu_seqlens_q")
+
+
+# --- window ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal, window, merged", [
+    (False, (-1, -1), (-1, -1)), (False, (4, 0), (4, 0)), (False, (-1, 3), (-1, 3)),
+    (True, (-1, -1), (-1, 0)), (True, (5, 7), (5, 0)), (True, (0, 0), (0, 0)),
+])
+def test_validate_window_folds_causal_into_the_right_side(causal, window, merged):
+    assert validate_window(causal, window) == merged
+
+
+@pytest.mark.parametrize("causal, window, error, message", [
+    (False, (-2, 0), ValueError, r"window\[0\]: expected an int >= -1 \(-1 = unbounded\), got -2"),
+    (True, (0, -5), ValueError, r"window\[1\]: expected an int >= -1"),
+    (False, (1.5, 0), TypeError, r"window\[0\]: expected an int \(-1 = unbounded\), got float 1.5"),
+    (False, (0, True), TypeError, r"window\[1\]: expected an int"),
+    (False, (1, 2, 3), TypeError, r"window: expected a pair of ints"),
+    (False, 4, TypeError, r"window: expected a pair of ints"),
+    ("yes", (-1, -1), TypeError, r"causal: expected a bool, got str"),
+])
+def test_bad_windows_are_refused_by_name(causal, window, error, message):
+    with pytest.raises(error, match=message):
+        validate_window(causal, window)
