@@ -1,4 +1,4 @@
-"""Every kgen GPU benchmark in one process: machinery first, then merge bandwidth; a short summary last.
+"""Every kgen GPU benchmark in one process: machinery first, then merge bandwidth, then attention; a short summary last.
 
 Writes into ``--out`` (default ``$OUT``, else ``bench/results/latest``): each
 benchmark's ``*.json`` and ``*.md``, ``summary.json``, ``SUMMARY.md`` and
@@ -22,10 +22,12 @@ from typing import Any, Callable, TextIO
 import common
 import bench_machinery
 import bench_merge_states
+import bench_attention
 
 BENCHMARKS: list[tuple[str, Callable[[Path, argparse.Namespace], list[dict[str, Any]]]]] = [
     ("machinery", bench_machinery.run),
     ("merge", bench_merge_states.run),
+    ("attention", bench_attention.run),
 ]
 
 
@@ -55,6 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT or bench/results/latest)")
     bench_machinery.add_arguments(parser)
     bench_merge_states.add_arguments(parser)
+    bench_attention.add_arguments(parser)
     return parser.parse_args(argv)
 
 

@@ -30,6 +30,10 @@ def head_dims() -> list[int]:
     return registry.current().family("attention_prefill").supported("head_dim")
 
 
+def tails() -> list[str]:
+    return registry.current().family("attention_prefill").supported("tail")
+
+
 def reference(q, k, v, seqlens_q, seqlens_k, window, sink, scale):
     """float64 out [total_q, Hq, D] and lse [Hq, total_q]; window (left, right) with causal folded in."""
     heads_q, heads_kv = q.shape[1], k.shape[1]
@@ -66,7 +70,8 @@ def reference(q, k, v, seqlens_q, seqlens_k, window, sink, scale):
     return out, lse
 
 
-def run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, dtype, causal, window, use_sink, seed, use_plan=True):
+def run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, dtype, causal, window, use_sink, seed, use_plan=True,
+             tail=None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     total_q, total_k, heads_q = sum(seqlens_q), sum(seqlens_k), heads_kv * group
     q = torch.randn((total_q, heads_q, head_dim), generator=gen, device="cuda").to(dtype)
@@ -75,7 +80,8 @@ def run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, dtype, causal, win
     sink = torch.randn((heads_q,), generator=gen, device="cuda") * 2 if use_sink else None
     cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0).tolist()), dtype=torch.int32)
     cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0).tolist()), dtype=torch.int32)
-    plan = plan_attention_varlen(cu_q, cu_k, head_dim=head_dim, dtype=dtype, causal=causal, window=window) if use_plan else None
+    plan = (plan_attention_varlen(cu_q, cu_k, head_dim=head_dim, dtype=dtype, causal=causal, window=window, tail=tail)
+            if use_plan else None)
     out = torch.full((total_q, heads_q, head_dim), float("nan"), dtype=dtype, device="cuda")
     lse = torch.full((heads_q, total_q), float("nan"), dtype=torch.float32, device="cuda")
     scale = 1.0 / math.sqrt(head_dim)
@@ -98,16 +104,17 @@ lengths = st.one_of(st.integers(0, 200), st.sampled_from([1, 63, 64, 65, 127, 12
 windows = st.tuples(st.sampled_from([-1, -1, 0, 1, 17, 100]), st.sampled_from([-1, -1, 0, 3, 64]))
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seqs=st.lists(st.tuples(lengths, lengths), min_size=1, max_size=5),
     heads_kv=st.sampled_from([1, 2]), group=st.sampled_from([1, 2, 4]),
     head_dim=st.sampled_from(head_dims()), dtype=st.sampled_from(list(DTYPES)),
     causal=st.booleans(), window=windows, use_sink=st.booleans(), seed=st.integers(0, 2**31 - 1),
+    tail=st.sampled_from(tails()),
 )
-def test_attention_matches_reference(seqs, heads_kv, group, head_dim, dtype, causal, window, use_sink, seed):
+def test_attention_matches_reference(seqs, heads_kv, group, head_dim, dtype, causal, window, use_sink, seed, tail):
     seqlens_q, seqlens_k = [s[0] for s in seqs], [s[1] for s in seqs]
-    run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, DTYPES[dtype], causal, window, use_sink, seed)
+    run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, DTYPES[dtype], causal, window, use_sink, seed, tail=tail)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -129,8 +136,9 @@ def test_full_tile_batches_use_the_no_tail_variant(tiles, head_dim, causal, seed
 
 @pytest.mark.parametrize("length", [1, 31, 63, 64, 65, 255, 256, 257, 1023, 1025, 4096])
 @pytest.mark.parametrize("causal", [False, True])
-def test_long_sequences(length, causal):
-    run_case([length, 7], [length, 7], 2, 4, 128, torch.bfloat16, causal, (-1, -1), False, seed=length)
+@pytest.mark.parametrize("tail", tails())
+def test_long_sequences(length, causal, tail):
+    run_case([length, 7], [length, 7], 2, 4, 128, torch.bfloat16, causal, (-1, -1), False, seed=length, tail=tail)
 
 
 def test_without_a_plan_the_op_plans_for_itself():

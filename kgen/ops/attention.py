@@ -13,10 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from cuda.core.utils import StridedMemoryView
+
+# The swizzle enum is documented with TensorMapDescriptor but cuda.core 1.2 exports it only from here.
+from cuda.core._tensor_map import TensorMapSwizzle
 
 from kgen.launch import KernelLauncher
 from kgen.ops._checks import check_tensor
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher
+from kgen.registry import Variant
 from kgen.ops.attention_plan import TileSchedule, plan_tiles, seqlens_from_cu, validate_window
 from kgen import registry as registry_module
 
@@ -39,26 +44,35 @@ class AttentionPlan:
     window: tuple[int, int]  # (left, right) with causal folded in; -1 = unbounded
     num_seqs: int
     work: torch.Tensor  # int32 [num_work, 2] (sequence, query tile), on the device
+    #: The variant to run: the spec's choice for this head dim, dtype and tail policy,
+    #: specialised on has_incomplete_tile from the schedule.
+    variant: Variant
 
     @property
     def has_incomplete_tile(self) -> bool:
         return self.schedule.has_incomplete_tile
 
 
-def _variant_params(head_dim: int, dtype: torch.dtype) -> dict:
-    """The spec's tile shape for this head dim and dtype (the has_incomplete_tile=true variant's)."""
+def _select_variant(head_dim: int, dtype: torch.dtype, tail: str | None, has_incomplete_tile: bool) -> Variant:
+    """The with-tail variant the spec prefers, or its no-tail twin (same tiles) for batches of full tiles."""
     family = registry_module.current().family(FAMILY)
-    return family.select(head_dim=head_dim, dtype=DTYPE_NAMES[dtype], has_incomplete_tile=True).param_dict
+    wanted = {"tail": tail} if tail is not None else {}
+    with_tail = family.select(head_dim=head_dim, dtype=DTYPE_NAMES[dtype], has_incomplete_tile=True, **wanted)
+    if has_incomplete_tile:
+        return with_tail
+    same_tiles = dict(with_tail.params, has_incomplete_tile=False)
+    return next((v for v in family.variants if v.param_dict == same_tiles), with_tail)
 
 
 def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: torch.dtype = torch.bfloat16,
                           causal: bool = False, window: tuple[int, int] = (-1, -1),
-                          device: torch.device | str | int | None = None) -> AttentionPlan:
+                          device: torch.device | str | int | None = None, tail: str | None = None) -> AttentionPlan:
     """Plan a batch: tile schedule (longest tiles first), maximum lengths, has_incomplete_tile.
 
     ``cu_seqlens_q`` / ``cu_seqlens_k`` are host data (lists or CPU tensors) of
     length N+1. ``head_dim`` and ``dtype`` pick the spec variant, and so the tile
     sizes. The work list is copied to ``device`` (default: the current CUDA device).
+    ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's default tail policy.
     """
     if dtype not in _DTYPES:
         raise TypeError(f"dtype: expected one of {[str(d) for d in _DTYPES]}, got {dtype}")
@@ -67,42 +81,57 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     if len(seqlens_q) != len(seqlens_k):
         raise ValueError(f"cu_seqlens_k: expected {len(seqlens_q) + 1} entries like cu_seqlens_q, got {len(seqlens_k) + 1}")
     merged_window = validate_window(causal, window)
-    params = _variant_params(head_dim, dtype)
+    params = _select_variant(head_dim, dtype, tail, has_incomplete_tile=True).param_dict
     schedule = plan_tiles(seqlens_q, seqlens_k, tile_m=params["tile_m"], tile_n=params["tile_n"],
                           causal=causal, window=window)
+    variant = _select_variant(head_dim, dtype, tail, schedule.has_incomplete_tile)
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     work = torch.tensor(schedule.work, dtype=torch.int32).reshape(-1, 2).to(device)
-    return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), work)
+    return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), work, variant)
 
 
-@dataclass
-class _Kernels:
-    with_tail: KernelLauncher
-    without_tail: KernelLauncher
-
-
-_dispatch = DispatchCache()
+_launchers = DispatchCache()
+_tensor_maps: dict[tuple, list] = {}
+_MAX_TENSOR_MAPS = 256
 
 
 def _dynamic_smem(params: dict, itemsize: int) -> int:
-    # Mirrors the template: one Q tile and two buffers each of K and V.
-    return (params["tile_m"] + 4 * params["tile_n"]) * params["head_dim"] * itemsize
+    # Mirrors the template: 1024 bytes of slack to align the tiles for TMA's swizzle, one
+    # Q tile, two buffers each of K and V, then three 8-byte mbarriers.
+    return 1024 + (params["tile_m"] + 4 * params["tile_n"]) * params["head_dim"] * itemsize + 64
 
 
-def _kernels(device_index: int, head_dim: int, dtype: torch.dtype) -> _Kernels:
-    key = (device_index, head_dim, dtype)
-    found = _dispatch.get(key)
+def _launcher(device_index: int, variant: Variant, itemsize: int) -> KernelLauncher:
+    key = (device_index, variant.name)
+    found = _launchers.get(key)
     if found is not None:
         return found
-    family = registry_module.current().family(FAMILY)
-    with_tail = family.select(head_dim=head_dim, dtype=DTYPE_NAMES[dtype], has_incomplete_tile=True)
-    same_tiles = dict(with_tail.params, has_incomplete_tile=False)
-    without_tail = next((v for v in family.variants if v.param_dict == same_tiles), with_tail)
-    smem = _dynamic_smem(with_tail.param_dict, dtype.itemsize)
+    smem = _dynamic_smem(variant.param_dict, itemsize)
     with torch.cuda.device(device_index):
-        kernels = _Kernels(launcher(with_tail, "attention_prefill", device_index, smem),
-                           launcher(without_tail, "attention_prefill", device_index, smem))
-    return _dispatch.put(key, kernels)
+        return _launchers.put(key, launcher(variant, "attention_prefill", device_index, smem))
+
+
+def _tensor_map(role: str, t: torch.Tensor, rows: int):
+    """A TMA descriptor for boxes of ``rows`` tokens x 1 head x one swizzle span of the head dim.
+
+    Descriptors are cached by role (q, k, v: one call passes all three at once)
+    and layout; a new address only patches the cached one (about 2 us instead
+    of 7 to build one).
+    """
+    span_bytes = min(t.shape[2] * t.element_size(), 128)
+    key = (role, t.device.index, tuple(t.shape), t.stride(), t.dtype, rows)
+    entry = _tensor_maps.get(key)
+    if entry is None:
+        if len(_tensor_maps) >= _MAX_TENSOR_MAPS:
+            _tensor_maps.clear()
+        swizzle = TensorMapSwizzle.SWIZZLE_128B if span_bytes == 128 else TensorMapSwizzle.SWIZZLE_64B
+        view = StridedMemoryView.from_dlpack(t, stream_ptr=-1)
+        entry = _tensor_maps[key] = [view.as_tensor_map(box_dim=(rows, 1, span_bytes // t.element_size()),
+                                                        swizzle=swizzle), t.data_ptr()]
+    elif entry[1] != t.data_ptr():
+        entry[0].replace_address(t)
+        entry[1] = t.data_ptr()
+    return entry[0]
 
 
 def _check_rows(name: str, t: torch.Tensor) -> None:
@@ -191,10 +220,14 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     num_work = plan.work.shape[0]
     if num_work and heads_q:
         scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
-        kernels = _kernels(q.device.index, head_dim, q.dtype)
-        kernel = kernels.with_tail if plan.has_incomplete_tile else kernels.without_tail
+        params = plan.variant.param_dict
+        map_q = _tensor_map("q", q, params["tile_m"])
+        # With no keys at all no key tile is ever loaded; the parameter still needs a descriptor.
+        map_k, map_v = ((_tensor_map("k", k, params["tile_n"]), _tensor_map("v", v, params["tile_n"])) if total_k
+                        else (map_q, map_q))
         with torch.cuda.device(q.device.index):
-            kernel((num_work, heads_q),
+            _launcher(q.device.index, plan.variant, q.element_size())(
+                   (num_work, heads_q), map_q, map_k, map_v,
                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
                    cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), plan.work.data_ptr(),
                    0 if sink is None else sink.data_ptr(),

@@ -10,16 +10,15 @@ __device__ __forceinline__ unsigned smem_addr(const void* ptr) {
     return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
 }
 
-// 16-byte global->shared copy that bypasses registers and L1.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem_addr(smem)), "l"(gmem));
+// 16-byte global->shared copy that bypasses registers and L1 (smem: a shared-window address).
+__device__ __forceinline__ void cp_async_16(unsigned smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem), "l"(gmem));
 }
 
 // The same, predicated: when !valid the source size is 0, so nothing is read
 // (gmem may point past the data) and the 16 shared bytes are zero-filled.
-__device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0));
+__device__ __forceinline__ void cp_async_16_zfill(unsigned smem, const void* gmem, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(smem), "l"(gmem), "r"(valid ? 16 : 0));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
