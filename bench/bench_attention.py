@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 # common first: it puts the repository root on sys.path, so kgen imports without PYTHONPATH.
-from common import (SUMMARY_COLUMNS, Column, default_out_dir, environment, markdown_table, summary_row, time_cuda,
+from common import (SUMMARY_COLUMNS, standalone_parser, Column, default_out_dir, environment, markdown_table, summary_row, time_cuda,
                     time_graph, verdict, write_results)
 from bench_merge_states import input_sets_needed, l2_bytes
 import kgen
@@ -709,11 +709,7 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT or bench/results/latest)")
-    parser.add_argument("--list", action="store_true", help="print the cases and exit")
-    add_arguments(parser)
-    options = parser.parse_args(argv)
+    options = standalone_parser(__doc__, add_arguments).parse_args(argv)
     if options.list:
         for case in selected_dense(options):
             print(f"{case.name}: {case.flops / 1e12:.3f} TFLOP ({'causal, half of ' if case.causal else ''}"

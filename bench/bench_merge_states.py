@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 # common first: it puts the repository root on sys.path, so kgen imports without PYTHONPATH.
-from common import (SUMMARY_COLUMNS, Column, default_out_dir, environment, markdown_table, summary_row, time_cuda,
+from common import (SUMMARY_COLUMNS, standalone_parser, Column, default_out_dir, environment, markdown_table, summary_row, time_cuda,
                     verdict, write_results)
 from kgen.ops import merge_attention_states, merge_attention_states_n
 
@@ -259,11 +259,7 @@ def merge_summary_row(row: dict[str, Any]) -> dict[str, Any]:
     return summary_row("merge", metric, row.get("ratio"), "x", row.get("bar") or "", result)
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT or bench/results/latest)")
-    parser.add_argument("--list", action="store_true", help="print the cases and exit")
-    add_arguments(parser)
-    options = parser.parse_args(argv)
+    options = standalone_parser(__doc__, add_arguments).parse_args(argv)
     if options.list:
         for case in selected_cases(options.only):
             print(f"{case.name}: {case.traffic_bytes / 1e6:.0f} MB moved, bar {'yes' if case.bar_applies else 'no'}")

@@ -7,6 +7,7 @@ machine with neither.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -225,3 +226,12 @@ SUMMARY_COLUMNS: list[Column] = [
 def summary_row(benchmark: str, metric: str, value: float | None, unit: str,
                 bar: str = "", result: str = "") -> dict[str, Any]:
     return {"benchmark": benchmark, "metric": metric, "value": value, "unit": unit, "bar": bar, "verdict": result}
+
+
+def standalone_parser(doc: str | None, add_arguments: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    """The command line of a benchmark run on its own: --out, --list, and its own options."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT or bench/results/latest)")
+    parser.add_argument("--list", action="store_true", help="print the cases and exit")
+    add_arguments(parser)
+    return parser

@@ -28,7 +28,7 @@ def tail_pair(family: str, **required: Any) -> tuple[Variant, Variant]:
 
 
 def launcher(variant: Variant, entry: str, device_index: int, dynamic_smem: int = 0) -> KernelLauncher:
-    """``entry`` of ``variant`` loaded for ``device_index`` (which must be current), one warp group per num_warps."""
+    """``entry`` of ``variant`` loaded for ``device_index`` (which must be current), with num_warps * 32 threads."""
     threads = variant.param_dict["num_warps"] * 32
     return KernelLauncher(jit.load(variant).kernel(entry), device_index, threads, dynamic_smem)
 

@@ -20,10 +20,9 @@ from cuda.core._tensor_map import TensorMapSwizzle
 
 from kgen.launch import KernelLauncher
 from kgen.ops._checks import check_tensor
-from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher
+from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, tail_pair
 from kgen.registry import Variant
 from kgen.ops.attention_plan import TileSchedule, plan_tiles, seqlens_from_cu, validate_window
-from kgen import registry as registry_module
 
 FAMILY = "attention_prefill"
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -55,13 +54,9 @@ class AttentionPlan:
 
 def _select_variant(head_dim: int, dtype: torch.dtype, tail: str | None, has_incomplete_tile: bool) -> Variant:
     """The with-tail variant the spec prefers, or its no-tail twin (same tiles) for batches of full tiles."""
-    family = registry_module.current().family(FAMILY)
     wanted = {"tail": tail} if tail is not None else {}
-    with_tail = family.select(head_dim=head_dim, dtype=DTYPE_NAMES[dtype], has_incomplete_tile=True, **wanted)
-    if has_incomplete_tile:
-        return with_tail
-    same_tiles = dict(with_tail.params, has_incomplete_tile=False)
-    return next((v for v in family.variants if v.param_dict == same_tiles), with_tail)
+    with_tail, without_tail = tail_pair(FAMILY, head_dim=head_dim, dtype=DTYPE_NAMES[dtype], **wanted)
+    return with_tail if has_incomplete_tile else without_tail
 
 
 def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: torch.dtype = torch.bfloat16,
