@@ -26,6 +26,13 @@ def _variant_label(variant: Variant) -> str:
     return escape(variant.name[len(variant.family.name):])
 
 
+def _short_label(variant: Variant) -> str:
+    """The axes that tell this variant from its family's others: all of them would not fit a table."""
+    varying = {axis for axis in variant.family.axes if len(variant.family.supported(axis)) > 1}
+    return escape(" ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                           for k, v in variant.params if k in varying) or "(only variant)")
+
+
 def _parse_assignments(pairs: tuple[str, ...]) -> dict:
     out = {}
     for pair in pairs:
@@ -112,14 +119,14 @@ def build_cmd(arch: str | None, jobs: int, families: tuple[str, ...]) -> None:
     for variant in variants:
         result = results.get(variant.name)
         if result is None:
-            table.add_row(variant.family.name, _variant_label(variant), "-", "-", "-", "-", "[red]FAILED[/red]")
+            table.add_row(variant.family.name, _short_label(variant), "-", "-", "-", "-", "[red]FAILED[/red]")
             continue
         entries = result.record.entries.values()
         spills = result.record.spills
         if spills and not variant.family.allow_spills:
             spilled.append(variant.name)
         table.add_row(
-            variant.family.name, _variant_label(variant),
+            variant.family.name, _short_label(variant),
             str(max((e.registers for e in entries), default=0)),
             f"[red]{spills}[/red]" if spills else "0",
             str(max((e.static_smem_bytes for e in entries), default=0)),
