@@ -215,6 +215,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     num_work = plan.work.shape[0]
     if num_work and heads_q:
         scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+        if not scale > 0:  # the kernel takes row maxima of unscaled scores
+            raise ValueError(f"softmax_scale: expected a positive number, got {softmax_scale}")
         params = plan.variant.param_dict
         map_q = _tensor_map("q", q, params["tile_m"])
         # With no keys at all no key tile is ever loaded; the parameter still needs a descriptor.

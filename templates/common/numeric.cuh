@@ -40,6 +40,15 @@ __device__ __forceinline__ void store_streaming(T* ptr, const Vec16<T>& value) {
 }
 
 constexpr float kLog2e = 1.4426950408889634f;
+// 2^x with one MUFU.EX2, flushing denormal results to zero: exp2f() adds a range
+// check and two rescaling multiplies per call to keep denormals, which a softmax
+// never needs.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
 
 }  // namespace kgen
