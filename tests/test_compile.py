@@ -128,6 +128,30 @@ def test_merge_sass_uses_128_bit_accesses_and_no_local_memory(params, tmp_path):
         assert not local, f"{entry}: local memory accesses: {local[:5]}"
 
 
+_ATTENTION_INSTRUCTIONS = {
+    "HMMA": re.compile(r"\bHMMA\.16816\.F32"),  # mma.sync m16n8k16, fp32 accumulators
+    "LDSM": re.compile(r"\bLDSM\.16\.M88\.4\b"),  # ldmatrix x4 (K, Q)
+    "LDSM.T": re.compile(r"\bLDSM\.16\.MT88\.4\b"),  # ldmatrix x4 transposed (V)
+    "UTMALDG": re.compile(r"\bUTMALDG\.3D\b"),  # TMA tile loads of full tiles
+}
+_CP_ASYNC = re.compile(r"\bLDGSTS\b")
+
+
+@pytest.mark.parametrize("tail", ["cp_async", "tma"])
+@pytest.mark.parametrize("has_incomplete_tile", [True, False])
+def test_attention_sass_has_tensor_core_ldmatrix_and_tma_and_no_local_memory(tail, has_incomplete_tile, tmp_path):
+    variant = kgen.registry.current().family("attention_prefill").select(
+        head_dim=128, dtype="bf16", tail=tail, has_incomplete_tile=has_incomplete_tile)
+    cubin, _ = _compiled(variant.name)
+    text = sass_by_function(cubin, tmp_path)["attention_prefill"]
+    for name, pattern in _ATTENTION_INSTRUCTIONS.items():
+        assert pattern.search(text), f"{variant.name}: no {name}"
+    # Predicated cp.async exists only where an incomplete tile may take it.
+    assert bool(_CP_ASYNC.search(text)) is (has_incomplete_tile and tail == "cp_async")
+    local = [line.strip() for line in text.splitlines() if _LOCAL.search(line)]
+    assert not local, f"{variant.name}: local memory accesses: {local[:5]}"
+
+
 def test_sass_patterns_match_what_they_should():
     # The SASS checks above are only as good as these regular expressions.
     assert _LDG_128.search("/*1290*/ LDG.E.EF.128 R4, desc[UR8][R4.64] ;")

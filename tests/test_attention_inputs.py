@@ -1,0 +1,68 @@
+"""attention_varlen and its planner on the host: variant choice and input checks, no GPU needed."""
+
+import pytest
+import torch
+
+from kgen import registry
+from kgen.ops import attention_varlen, plan_attention_varlen
+
+
+def spec_tiles(head_dim: int, dtype: str = "bf16") -> dict:
+    return registry.current().family("attention_prefill").select(
+        head_dim=head_dim, dtype=dtype, has_incomplete_tile=True).param_dict
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_full_tile_batches_plan_the_no_tail_variant(head_dim):
+    tiles = spec_tiles(head_dim)
+    step = max(tiles["tile_m"], tiles["tile_n"])
+    full = plan_attention_varlen([0, step, 3 * step], [0, 2 * step, 2 * step], head_dim=head_dim, device="cpu")
+    assert not full.has_incomplete_tile
+    assert full.variant.param_dict["has_incomplete_tile"] is False
+    assert {k: v for k, v in full.variant.params if k != "has_incomplete_tile"} == \
+        {k: v for k, v in tiles.items() if k != "has_incomplete_tile"}
+    partial = plan_attention_varlen([0, step, 3 * step - 1], [0, 2 * step, 2 * step], head_dim=head_dim, device="cpu")
+    assert partial.has_incomplete_tile and partial.variant.param_dict["has_incomplete_tile"] is True
+
+
+def test_work_list_covers_every_query_tile_longest_first():
+    tile_m = spec_tiles(128)["tile_m"]
+    plan = plan_attention_varlen([0, 3 * tile_m, 3 * tile_m + 1], [0, 3 * tile_m, 3 * tile_m + 1], head_dim=128,
+                                 causal=True, device="cpu")
+    assert plan.work.dtype == torch.int32 and plan.work.shape == (4, 2)
+    assert sorted(map(tuple, plan.work.tolist())) == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    assert tuple(plan.work[0].tolist()) == (0, 2)  # the causal tile with the most keys goes first
+
+
+@pytest.mark.parametrize("tail", ["cp_async", "tma"])
+def test_tail_policy_can_be_chosen_per_plan(tail):
+    plan = plan_attention_varlen([0, 5], [0, 5], head_dim=64, device="cpu", tail=tail)
+    assert plan.variant.param_dict["tail"] == tail
+
+
+def test_the_spec_default_tail_policy_is_used_without_a_choice():
+    default = registry.current().family("attention_prefill").defaults["tail"]
+    assert plan_attention_varlen([0, 5], [0, 5], head_dim=64, device="cpu").variant.param_dict["tail"] == default
+
+
+def test_unsupported_head_dim_lists_the_supported_ones():
+    with pytest.raises(ValueError, match=r"head_dim=72 is not supported.*supported: \["):
+        plan_attention_varlen([0, 5], [0, 5], head_dim=72, device="cpu")
+
+
+def test_planner_refuses_bad_cu_seqlens_and_windows():
+    with pytest.raises(ValueError, match="cu_seqlens_k: expected 3 entries"):
+        plan_attention_varlen([0, 5, 9], [0, 5], head_dim=64, device="cpu")
+    with pytest.raises(ValueError, match="non-decreasing"):
+        plan_attention_varlen([0, 5, 4], [0, 5, 9], head_dim=64, device="cpu")
+    with pytest.raises(ValueError, match=r"window\[0\]"):
+        plan_attention_varlen([0, 5], [0, 5], head_dim=64, window=(-2, 0), device="cpu")
+    with pytest.raises(TypeError, match="dtype"):
+        plan_attention_varlen([0, 5], [0, 5], head_dim=64, dtype=torch.float32, device="cpu")
+
+
+def test_cpu_tensors_are_refused_by_name():
+    q = torch.randn(5, 4, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="q: expected a CUDA tensor"):
+        attention_varlen(q, q, q, cu, cu)
