@@ -30,7 +30,7 @@ from cuda.core.utils import make_program_cache_key
 from kgen import __version__
 from kgen.compiler import PROGRAM_NAME, BuildRecord, header_digest, program_options
 
-_MAGIC = b"KGENCUBIN2"
+_MAGIC = b"KGENCUBIN3"
 _HEADER_LEN = struct.Struct("<I")
 _DIGEST_LEN = 32  # SHA-256
 _SUFFIX = ".cubin.kgen"
@@ -44,7 +44,8 @@ def warn_once(kind: str, subject: str, message: str) -> None:
 
 
 def cache_key(source: str, arch: str) -> str:
-    extra = hashlib.sha256(f"kgen {__version__}\0".encode() + header_digest(source)).digest()
+    # The entry format is in the key too, so entries of another format are never looked up.
+    extra = hashlib.sha256(f"kgen {__version__}\0".encode() + _MAGIC + b"\0" + header_digest(source)).digest()
     key = make_program_cache_key(
         code=source, code_type="c++", options=program_options(arch, PROGRAM_NAME),
         target_type="cubin", extra_digest=extra,

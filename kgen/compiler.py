@@ -45,10 +45,13 @@ class BuildRecord:
     arch: str
     compile_ms: float
     entries: dict[str, EntryResources] = field(default_factory=dict)
+    #: Spill bytes (stores + loads) of device functions ptxas did not inline.
+    callee_spill_bytes: int = 0
 
     @property
     def spills(self) -> int:
-        return sum(e.spill_stores + e.spill_loads for e in self.entries.values())
+        """Every spilled byte, the entries' and their non-inlined callees' alike."""
+        return sum(e.spill_stores + e.spill_loads for e in self.entries.values()) + self.callee_spill_bytes
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -56,7 +59,8 @@ class BuildRecord:
     @classmethod
     def from_json(cls, data: dict) -> "BuildRecord":
         entries = {k: EntryResources(**v) for k, v in data["entries"].items()}
-        return cls(arch=data["arch"], compile_ms=data["compile_ms"], entries=entries)
+        return cls(arch=data["arch"], compile_ms=data["compile_ms"], entries=entries,
+                   callee_spill_bytes=data["callee_spill_bytes"])
 
 
 class CompileError(RuntimeError):
@@ -79,6 +83,19 @@ def parse_ptxas_log(log: str) -> dict[str, EntryResources]:
             if s := _SMEM.search(line):
                 current.static_smem_bytes = int(s.group(1))
     return entries
+
+
+def parse_callee_spills(log: str) -> int:
+    """Spill bytes of the non-inlined device functions in a ptxas ``-v`` log (not entries')."""
+    entries = set(_ENTRY.findall(log))
+    total, in_callee = 0, False
+    for line in log.splitlines():
+        if m := _PROPS.search(line):
+            in_callee = m.group(1) not in entries
+        elif in_callee and (m := _FRAME.search(line)):
+            total += int(m.group(2)) + int(m.group(3))
+            in_callee = False
+    return total
 
 
 @functools.lru_cache(maxsize=None)
@@ -160,5 +177,7 @@ def compile_cubin(source: str, arch: str, variant_name: str) -> tuple[bytes, Bui
             f"Rendered lines (run `kgen render` for the whole source):\n{_quote_errors(source, message)}"
         ) from None
     elapsed_ms = (time.perf_counter() - started) * 1e3
-    record = BuildRecord(arch=arch, compile_ms=elapsed_ms, entries=parse_ptxas_log(log.getvalue()))
+    text = log.getvalue()
+    record = BuildRecord(arch=arch, compile_ms=elapsed_ms, entries=parse_ptxas_log(text),
+                         callee_spill_bytes=parse_callee_spills(text))
     return bytes(code.code), record

@@ -16,7 +16,7 @@ import pytest
 
 import kgen.jit
 import kgen.registry
-from kgen.compiler import BuildRecord, CompileError, EntryResources, compile_cubin, parse_ptxas_log
+from kgen.compiler import BuildRecord, CompileError, EntryResources, compile_cubin, parse_callee_spills, parse_ptxas_log
 from kgen.registry import Family, Variant
 from kgen.render import render
 
@@ -232,6 +232,15 @@ def test_parse_ptxas_log():
     record = BuildRecord(arch=ARCH, compile_ms=1.0, entries=entries)
     assert record.spills == 8 + 12  # the device functions' spills are not the entries'
     assert BuildRecord.from_json(record.to_json()) == record
+
+
+def test_spills_of_non_inlined_callees_count_too():
+    assert parse_callee_spills(PTXAS_LOG) == 40 + 44 + 100 + 104
+    record = BuildRecord(arch=ARCH, compile_ms=1.0, entries=parse_ptxas_log(PTXAS_LOG),
+                         callee_spill_bytes=parse_callee_spills(PTXAS_LOG))
+    assert record.spills == 8 + 12 + 288
+    assert BuildRecord.from_json(record.to_json()) == record
+    assert parse_callee_spills("") == 0
 
 
 def test_parse_ptxas_log_of_a_real_compile():
