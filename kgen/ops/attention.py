@@ -67,7 +67,10 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     ``cu_seqlens_q`` / ``cu_seqlens_k`` are host data (lists or CPU tensors) of
     length N+1. ``head_dim`` and ``dtype`` pick the spec variant, and so the tile
     sizes. The work list is copied to ``device`` (default: the current CUDA device).
-    ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's default tail policy.
+    ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's default tail policy. With
+    ``"tma"`` an incomplete tile loads a whole box and masks it, reading the rows that follow
+    the sequence in the packed tensors (they must be finite: a NaN there would survive the
+    zero weight); ``"cp_async"`` never reads past a sequence.
     """
     if dtype not in _DTYPES:
         raise TypeError(f"dtype: expected one of {[str(d) for d in _DTYPES]}, got {dtype}")
