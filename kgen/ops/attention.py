@@ -9,6 +9,7 @@ device-to-host synchronisation and can be captured in a CUDA graph.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,12 +113,12 @@ def _launcher(device_index: int, variant: Variant, itemsize: int) -> KernelLaunc
 def _tensor_map(role: str, t: torch.Tensor, rows: int):
     """A TMA descriptor for boxes of ``rows`` tokens x 1 head x one swizzle span of the head dim.
 
-    Descriptors are cached by role (q, k, v: one call passes all three at once)
-    and layout; a new address only patches the cached one (about 2 us instead
-    of 7 to build one).
+    Descriptors are cached by role (q, k, v: one call passes all three at once),
+    layout and calling thread (a patch must not race another thread's launch);
+    a new address only patches the cached one (about 2 us instead of 7 to build one).
     """
     span_bytes = min(t.shape[2] * t.element_size(), 128)
-    key = (role, t.device.index, tuple(t.shape), t.stride(), t.dtype, rows)
+    key = (role, threading.get_ident(), t.device.index, tuple(t.shape), t.stride(), t.dtype, rows)
     entry = _tensor_maps.get(key)
     if entry is None:
         if len(_tensor_maps) >= _MAX_TENSOR_MAPS:
