@@ -1,7 +1,8 @@
 """Reading one spec file: safe YAML, schema validation, errors that point at a line.
 
 A spec file declares a kernel family's variant space: axes with allowed values
-(their cross product), exclusions and defaults. Every problem, whatever its
+(their cross product), optionally crossed with a list of configs (axes set
+together, such as a head dim with its tile shape), exclusions and defaults. Every problem, whatever its
 kind (bad YAML, a wrong type, an unknown key, an exclusion naming an axis the
 file does not have) is raised as :class:`SpecError` carrying the file, the key
 path and the line, so a user never sees a stray traceback from a YAML file.
@@ -183,28 +184,61 @@ def _parse(text: str, file: Path) -> tuple[Any, yaml.Node]:
     return data, root
 
 
+def _axis_values(data: dict) -> dict[str, list]:
+    """Every axis of the file and its values: the axes the configs set, then the ``axes`` lists."""
+    values: dict[str, list] = {}
+    for config in data.get("configs", []):
+        for axis, value in config.items():
+            bucket = values.setdefault(axis, [])
+            if value not in bucket:
+                bucket.append(value)
+    values.update((axis, list(v)) for axis, v in data["axes"].items())
+    return values
+
+
+def _check_configs(data: dict, root: yaml.Node, file: Path) -> None:
+    """Each config sets the same axes, none of which ``axes`` also lists."""
+    configs = data.get("configs", [])
+    for index, config in enumerate(configs):
+        where = ("configs", index)
+        for axis in config:
+            if axis in data["axes"]:
+                raise SpecError(file, _format_path(where + (axis,)), _line_of(root, where + (axis,)),
+                                f"{axis!r} is set both here and in axes; give it in one place")
+        if set(config) != set(configs[0]):
+            raise SpecError(file, _format_path(where), _line_of(root, where),
+                            f"every config must set the same axes; configs[0] sets {sorted(configs[0])}, "
+                            f"this one {sorted(config)}")
+
+
 def _check_assignment(data: dict, section: str, root: yaml.Node, file: Path) -> None:
-    """Exclusions and defaults may only name this file's axes and their listed values."""
+    """Exclusions and defaults may only name this file's axes and their values."""
+    values = _axis_values(data)
     items = data.get(section, [])
     for index, assignment in enumerate(items if isinstance(items, list) else [items]):
         base = (section, index) if isinstance(items, list) else (section,)
         for axis, value in assignment.items():
-            if axis not in data["axes"]:
+            if axis not in values:
                 raise SpecError(file, _format_path(base + (axis,)), _line_of(root, base + (axis,)),
-                                f"{axis!r} is not an axis of this spec; axes: {sorted(data['axes'])}")
-            if section == "defaults" and value not in data["axes"][axis]:
+                                f"{axis!r} is not an axis of this spec; axes: {sorted(values)}")
+            if section == "defaults" and value not in values[axis]:
                 raise SpecError(file, _format_path(base + (axis,)), _line_of(root, base + (axis,)),
-                                f"default {value!r} is not among the axis values {data['axes'][axis]}")
+                                f"default {value!r} is not among the axis values {values[axis]}")
 
 
-def _expand(axes: dict[str, list], exclusions: list[dict]) -> tuple[tuple[tuple[str, Any], ...], ...]:
+def _expand(data: dict) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    """The cross product of ``axes`` for each config (or once, without configs), less the exclusions."""
+    axes, exclusions = data["axes"], data.get("exclude", [])
     names = list(axes)
+    # The configs' axes (the head dim, say) lead each variant's name.
+    order = list(_axis_values(data))
     out = []
-    for values in itertools.product(*(axes[n] for n in names)):
-        assignment = dict(zip(names, values))
-        if any(all(assignment[k] == v for k, v in ex.items()) for ex in exclusions):
-            continue
-        out.append(tuple(assignment.items()))
+    for config in data.get("configs") or [{}]:
+        for values in itertools.product(*(axes[n] for n in names)):
+            assignment = dict(zip(names, values), **config)
+            if any(all(assignment[k] == v for k, v in ex.items()) for ex in exclusions):
+                continue
+            out.append(tuple((axis, assignment[axis]) for axis in order))
     return tuple(out)
 
 
@@ -220,9 +254,10 @@ def load_spec_file(path: Path | str) -> SpecFile:
     error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(data))
     if error is not None:
         raise _schema_error(error, root, file)
+    _check_configs(data, root, file)
     _check_assignment(data, "exclude", root, file)
     _check_assignment(data, "defaults", root, file)
-    assignments = _expand(data["axes"], data.get("exclude", []))
+    assignments = _expand(data)
     if not assignments:
         raise SpecError(file, "exclude", _line_of(root, ("exclude",)), "the exclusions remove every variant")
     entries = data.get("entries")
@@ -232,7 +267,7 @@ def load_spec_file(path: Path | str) -> SpecFile:
         template=data.get("template"),
         entries=tuple(entries) if entries else None,
         allow_spills=data.get("allow_spills", False),
-        axes={k: tuple(v) for k, v in data["axes"].items()},
+        axes={k: tuple(v) for k, v in _axis_values(data).items()},
         defaults=dict(data.get("defaults", {})),
         assignments=assignments,
     )

@@ -62,6 +62,9 @@ SPEC_SCHEMA: dict = {
                 for name, schema in AXIS_VALUE_SCHEMAS.items()
             },
         },
+        # Axes that go together (a head dim with its tile shape): each config is
+        # crossed with `axes`, instead of every axis being crossed with every other.
+        "configs": {"type": "array", "items": _assignment(1), "minItems": 1},
         "exclude": {"type": "array", "items": _assignment(1)},
         "defaults": _assignment(0),
     },

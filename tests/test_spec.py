@@ -408,7 +408,7 @@ def test_integral_floats_are_refused_or_made_ints(tmp_path, text):
 # --------------------------------------------------------------------------- property tests
 
 AXES = sorted(AXIS_VALUE_SCHEMAS)
-SPEC_KEYS = ["family", "description", "template", "entries", "allow_spills", "axes", "exclude", "defaults"]
+SPEC_KEYS = ["family", "description", "template", "entries", "allow_spills", "axes", "configs", "exclude", "defaults"]
 # A mix of values each axis accepts and values it refuses, so that generated
 # specs reach past the schema into exclusion/default checks and expansion.
 AXIS_VALUES = st.sampled_from([
@@ -479,6 +479,7 @@ LOOSE_SPECS = st.fixed_dictionaries(
         "template": st.sampled_from(["t.cu.j2", "sub/t.j2", "t.cu", "../x.j2"]) | ANYTHING,
         "entries": st.lists(st.sampled_from(["k", "k2", "1bad", "k"]), max_size=3) | ANYTHING,
         "allow_spills": st.booleans() | ANYTHING,
+        "configs": st.lists(ASSIGNMENT, max_size=3) | ANYTHING,
         "exclude": st.lists(ASSIGNMENT, max_size=3) | ANYTHING,
         "defaults": ASSIGNMENT | ANYTHING,
         "bogus": ANYTHING,
@@ -612,3 +613,61 @@ def test_mutated_valid_spec_gives_a_spec_or_a_spec_error(tmp_path, edits):
     path = fresh_file(tmp_path)
     path.write_text(text, encoding="utf-8")
     check_outcome(path, path.read_text(encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------- configs
+
+
+CONFIGS_SPEC = """\
+family: demo
+axes:
+  dtype: [bf16, fp16]
+  has_incomplete_tile: [true, false]
+configs:
+  - {head_dim: 64, tile_m: 128}
+  - {head_dim: 128, tile_m: 64}
+exclude:
+  - {head_dim: 128, dtype: fp16, has_incomplete_tile: false}
+defaults: {tile_m: 64}
+"""
+
+
+def test_configs_are_crossed_with_the_axes(tmp_path):
+    spec = load_spec_file(write(tmp_path, CONFIGS_SPEC))
+    assert list(spec.axes) == ["head_dim", "tile_m", "dtype", "has_incomplete_tile"]
+    assert spec.axes["head_dim"] == (64, 128) and spec.axes["tile_m"] == (128, 64)
+    expected = {
+        (("head_dim", hd), ("tile_m", tm), ("dtype", dt), ("has_incomplete_tile", inc))
+        for hd, tm in ((64, 128), (128, 64)) for dt in ("bf16", "fp16") for inc in (True, False)
+    } - {(("head_dim", 128), ("tile_m", 64), ("dtype", "fp16"), ("has_incomplete_tile", False))}
+    assert set(spec.assignments) == expected and len(spec.assignments) == 7
+    # A head dim never meets the other config's tile: configs are not crossed with each other.
+    assert (("head_dim", 64), ("tile_m", 64)) not in {a[:2] for a in spec.assignments}
+    assert spec.defaults == {"tile_m": 64}
+
+
+def test_an_axis_set_both_in_axes_and_in_a_config_is_refused(tmp_path):
+    text = CONFIGS_SPEC.replace("  dtype: [bf16, fp16]\n", "  dtype: [bf16, fp16]\n  head_dim: [64]\n")
+    with pytest.raises(SpecError) as info:
+        load_spec_file(write(tmp_path, text))
+    assert info.value.key_path == "configs[0].head_dim" and info.value.line == 7  # one line lower: axes grew
+    assert "both here and in axes" in str(info.value)
+
+
+def test_configs_must_set_the_same_axes(tmp_path):
+    text = CONFIGS_SPEC.replace("  - {head_dim: 128, tile_m: 64}\n", "  - {head_dim: 128}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec_file(write(tmp_path, text))
+    assert info.value.key_path == "configs[1]" and info.value.line == 7
+    assert "every config must set the same axes" in str(info.value)
+
+
+def test_a_default_must_be_a_value_some_config_gives(tmp_path):
+    with pytest.raises(SpecError, match=r"default 32 is not among the axis values \[128, 64\]"):
+        load_spec_file(write(tmp_path, CONFIGS_SPEC.replace("defaults: {tile_m: 64}", "defaults: {tile_m: 32}")))
+
+
+def test_configs_reject_unknown_axes_like_everything_else(tmp_path):
+    with pytest.raises(SpecError, match="unknown key 'head_dims'") as info:
+        load_spec_file(write(tmp_path, CONFIGS_SPEC.replace("{head_dim: 64, tile_m: 128}", "{head_dims: 64, tile_m: 128}")))
+    assert info.value.line == 6
