@@ -64,5 +64,4 @@ class KernelLauncher:
         The caller makes this launcher's device the current one.
         """
         config = self._configs.get(grid) or self._new_config(grid)
-        handle = _raw_current_stream(self.device_index)
-        launch(_streams.get(handle) or current_stream(self.device_index), config, self.kernel, *args)
+        launch(current_stream(self.device_index), config, self.kernel, *args)

@@ -27,7 +27,6 @@ class _Kernels:
     stacked: tuple[KernelLauncher, KernelLauncher]
 
 
-
 _dispatch = DispatchCache()
 # torch.cuda.current_device() without its lazy-init check; absent from CPU-only torch builds.
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
@@ -63,18 +62,28 @@ def _check_lse(name: str, lse, device: torch.device, shape: tuple, what: str) ->
     check_shape(name, lse, shape, what)
 
 
-def _outputs(out, lse_out, shape: tuple, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The caller's preallocated results after checking them, or new ones."""
+def _outputs(out, lse_out, shape, dtype: torch.dtype, device_index: int, like: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """New results (allocated like ``like``'s device), or the caller's after checking them."""
+    if out is None and lse_out is None:
+        return (torch.empty(shape, dtype=dtype, device=like.device),
+                torch.empty(shape[:2], dtype=torch.float32, device=like.device))
+    # One cheap test for the common, valid call; the detailed checks name what is wrong.
+    if (out is not None and lse_out is not None and out.dtype is dtype and out.shape == shape
+            and lse_out.dtype is torch.float32 and lse_out.shape == shape[:2] and out.get_device() == device_index
+            and lse_out.get_device() == device_index and out.is_contiguous() and lse_out.is_contiguous()
+            and not out.data_ptr() & 15):
+        return out, lse_out
     if out is None:
-        out = torch.empty(shape, dtype=dtype, device=device)
+        out = torch.empty(shape, dtype=dtype, device=like.device)
     else:
-        check_tensor("out", out, ndim=3, dtypes=(dtype,), device=device)
+        check_tensor("out", out, ndim=3, dtypes=(dtype,), device=like.device)
         check_shape("out", out, shape, "[tokens, heads, head_dim] of the inputs")
         check_dense_rows("out", out)
     if lse_out is None:
-        lse_out = torch.empty(shape[:2], dtype=torch.float32, device=device)
+        lse_out = torch.empty(shape[:2], dtype=torch.float32, device=like.device)
     else:
-        check_tensor("lse_out", lse_out, ndim=2, dtypes=(torch.float32,), device=device)
+        check_tensor("lse_out", lse_out, ndim=2, dtypes=(torch.float32,), device=like.device)
         check_shape("lse_out", lse_out, shape[:2], "[tokens, heads] of the inputs")
         if not lse_out.is_contiguous():
             raise ValueError(f"lse_out: expected a contiguous tensor, got strides {lse_out.stride()}")
@@ -137,15 +146,7 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
     rows = tokens * heads
     if rows > _MAX_ROWS:
         raise ValueError(f"v_a: tokens * heads = {rows} exceeds {_MAX_ROWS}")
-    if out is None and lse_out is None:
-        v, lse = torch.empty_like(v_a), lse_a.new_empty(rows_shape)
-    elif (out is not None and lse_out is not None and out.dtype is dtype and out.shape == shape
-          and lse_out.dtype is torch.float32 and lse_out.shape == rows_shape and out.get_device() == device_index
-          and lse_out.get_device() == device_index and out.is_contiguous() and lse_out.is_contiguous()
-          and not out.data_ptr() & 15):
-        v, lse = out, lse_out
-    else:
-        v, lse = _outputs(out, lse_out, shape, dtype, v_a.device)
+    v, lse = _outputs(out, lse_out, shape, dtype, device_index, v_a)
     if rows == 0:
         return v, lse
     kernels = _kernels(device_index, head_dim, dtype)
@@ -188,7 +189,7 @@ def merge_attention_states_n(v: torch.Tensor, lse: torch.Tensor, *,
     rows = tokens * heads
     if rows > _MAX_ROWS:
         raise ValueError(f"v: tokens * heads = {rows} exceeds {_MAX_ROWS}")
-    out, lse_out = _outputs(out, lse_out, (tokens, heads, head_dim), dtype, v.device)
+    out, lse_out = _outputs(out, lse_out, torch.Size((tokens, heads, head_dim)), dtype, device_index, v)
     if rows == 0:
         return out, lse_out
     kernels = _kernels(device_index, head_dim, dtype)
