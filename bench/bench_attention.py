@@ -14,9 +14,9 @@
     exceeds 2e-2 or kgen left an output element unwritten.
 (2) Boundary sweep: N = min(4096, 131072 // L) causal sequences of length L,
     12 heads, D = 128, bf16, for each tail policy the spec offers (forced with
-    the planner's ``tail=``), against the same N sequences padded to the next
-    multiple of the spec's tile_m (which run the has_incomplete_tile=false
-    variant of the default policy). Calls under 50 us are timed as CUDA
+    the planner's ``tail=``), against the same N sequences padded to whole
+    tiles of the height the planner picks for L (which run the
+    has_incomplete_tile=false variant of the default policy). Calls under 50 us are timed as CUDA
     graph replays over enough input sets to defeat L2; the rest with the event
     timer. Bar (observation): t(2^k - 1) <= t(2^k) for k >= 6.
 
@@ -128,9 +128,11 @@ def family() -> registry.Family:
     return registry.current().family(FAMILY)
 
 
-def sweep_tile() -> int:
-    """tile_m of the spec variant for hd128 bf16 (the with-tail one, which the op's plans use)."""
-    return family().select(head_dim=SWEEP_HEAD_DIM, dtype=DTYPE_NAME, has_incomplete_tile=True).param_dict["tile_m"]
+def sweep_tile(length: int) -> int:
+    """tile_m the planner picks for the sweep's batch at ``length``: the padded baseline rounds L up to it."""
+    cu = [i * length for i in range(sweep_seqs(length) + 1)]
+    plan = plan_attention_varlen(cu, cu, head_dim=SWEEP_HEAD_DIM, dtype=DTYPE, causal=True, device="cpu")
+    return plan.variant.param_dict["tile_m"]
 
 
 def tail_policies() -> list[str]:
@@ -435,7 +437,8 @@ def time_calls(calls: list[Callable[[], Any]], use_graph: bool, options: argpars
 
 
 def sweep_columns(policies: list[str]) -> list[Column]:
-    return [("L", "L", "d"), ("seqs", "N", "d"), ("tokens", "tokens", "d"), ("timer", "timer", None),
+    return [("L", "L", "d"), ("seqs", "N", "d"), ("tokens", "tokens", "d"), ("tile_m", "tile_m", "d"),
+            ("timer", "timer", None),
             *[(f"ms_{p}", f"{p} ms", ".4f") for p in policies],
             ("padded_len", "padded L", "d"), ("padded_ms", "padded ms", ".4f"),
             *[(f"over_padded_{p}", f"{p}/padded", ".3f") for p in policies],
@@ -450,11 +453,12 @@ BOUNDARY_COLUMNS: list[Column] = [
 ]
 
 
-def measure_length(length: int, policies: list[str], tile: int, options: argparse.Namespace) -> dict[str, Any]:
+def measure_length(length: int, policies: list[str], options: argparse.Namespace) -> dict[str, Any]:
+    tile = sweep_tile(length)
     num_seqs, padded = sweep_seqs(length), padded_length(length, tile)
     gen = torch.Generator(device=DEVICE).manual_seed(options.attn_seed * 1000 + 100 + length)
-    row: dict[str, Any] = {"L": length, "seqs": num_seqs, "tokens": num_seqs * length, "padded_len": padded,
-                           "padded_tokens": num_seqs * padded}
+    row: dict[str, Any] = {"L": length, "seqs": num_seqs, "tokens": num_seqs * length, "tile_m": tile,
+                           "padded_len": padded, "padded_tokens": num_seqs * padded}
     batch, padded_batch = make_batch(num_seqs, length, gen), make_batch(num_seqs, padded, gen)
     errors, correct = [], True
 
@@ -527,7 +531,7 @@ def boundary_summary_row(row: dict[str, Any]) -> dict[str, Any]:
     return summary_row("attention", metric, row["ratio"], "x", row["bar"], result)
 
 
-def save_plot(path: Path, sweep: list[dict[str, Any]], policies: list[str], tile: int) -> str:
+def save_plot(path: Path, sweep: list[dict[str, Any]], policies: list[str]) -> str:
     """Latency vs L, log-log, one line per policy and one for the padded baseline; returns a note."""
     try:
         import matplotlib
@@ -538,7 +542,7 @@ def save_plot(path: Path, sweep: list[dict[str, Any]], policies: list[str], tile
         return f"Plot skipped: matplotlib is not importable here ({short(exc)})."
     fig, ax = plt.subplots(figsize=(9, 5.5))
     series = [(f"ms_{p}", f"kgen, tail={p}", "o-") for p in policies] + [
-        ("padded_ms", f"kgen on sequences padded to a multiple of {tile}", "s--")]
+        ("padded_ms", "kgen on sequences padded to whole tiles", "s--")]
     for key, label, style in series:
         points = [(r["L"], r[key]) for r in sweep if r.get(key) is not None]
         if points:
@@ -559,7 +563,7 @@ def save_plot(path: Path, sweep: list[dict[str, Any]], policies: list[str], tile
 
 # ---- output -------------------------------------------------------------------------------------------
 
-def notes_for(options: argparse.Namespace, policies: list[str], tile: int | None) -> list[str]:
+def notes_for(options: argparse.Namespace, policies: list[str]) -> list[str]:
     return [
         FLOPS_NOTE,
         f"Dense: kgen runs B equal sequences packed as [B*S, H, D] with a plan built outside the timed region and a "
@@ -576,8 +580,8 @@ def notes_for(options: argparse.Namespace, policies: list[str], tile: int | None
         f"Sweep: N = min({SWEEP_MAX_SEQS}, {SWEEP_TOKENS} // L) causal sequences of length L (q and k lengths "
         f"equal), Hq = Hk = Hv = {SWEEP_HEADS}, D = {SWEEP_HEAD_DIM}, bf16. Tail policies offered by the spec for "
         f"hd{SWEEP_HEAD_DIM} bf16: {policies}, each forced with plan_attention_varlen(tail=...). Padded baseline: the "
-        f"same N sequences of length ceil(L / {tile}) x {tile} (tile_m of the hd128 bf16 variant), planned with the "
-        f"spec's default policy; they run the has_incomplete_tile=false variant (the JSON records each plan's "
+        f"same N sequences of L rounded up to whole tiles of the height the planner picks for L (column tile_m), "
+        f"planned with the spec's default policy; they run the has_incomplete_tile=false variant (the JSON records each plan's "
         f"variant). Calls "
         f"shorter than {GRAPH_BELOW_MS * 1e3:.0f} us (probed back to back) are timed as CUDA graph replays rotating "
         f"over enough input sets to exceed 3x L2 ('graph'), others with the event timer ('events'); the padded "
@@ -587,17 +591,17 @@ def notes_for(options: argparse.Namespace, policies: list[str], tile: int | None
 
 
 def write_outputs(out_dir: Path, dense: list[dict[str, Any]], sweep: list[dict[str, Any]],
-                  bounds: list[dict[str, Any]], policies: list[str], tile: int | None, env: dict[str, Any],
+                  bounds: list[dict[str, Any]], policies: list[str], env: dict[str, Any],
                   options: argparse.Namespace) -> Path:
     """bench_attention.json (every field) and bench_attention.md (dense, sweep and boundary tables); the plot."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    notes = notes_for(options, policies, tile)
+    notes = notes_for(options, policies)
     if sweep:
         try:
-            notes.append(save_plot(out_dir / f"{NAME}.png", sweep, policies, tile or 0))
+            notes.append(save_plot(out_dir / f"{NAME}.png", sweep, policies))
         except Exception as exc:  # a broken plot must not lose the numbers
             notes.append(f"Plot failed: {short(exc)}.")
-    extra = {"flops_convention": FLOPS_NOTE, "tail_policies": policies, "sweep_tile_m": tile,
+    extra = {"flops_convention": FLOPS_NOTE, "tail_policies": policies,
              "sweep": sweep, "sweep_boundary": bounds}
     _, md_path = write_results(out_dir, NAME, "kgen attention_varlen prefill vs torch SDPA (flash, cuDNN)", dense,
                                DENSE_COLUMNS, env, notes, extra)
@@ -681,16 +685,16 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
 
     sweep: list[dict[str, Any]] = []
     lengths = selected_lengths(options)
-    policies, tile = tail_policies(), sweep_tile()
+    policies = tail_policies()
     sweep_start = time.perf_counter()
     if lengths:
-        print(f"  sweep: tail policies {policies}, padded baseline to multiples of tile_m={tile}", flush=True)
+        print(f"  sweep: tail policies {policies}, padded baseline to whole tiles", flush=True)
     for length in lengths:
         try:
-            row = measure_length(length, policies, tile, options)
+            row = measure_length(length, policies, options)
         except Exception as exc:
             row = {"L": length, "seqs": sweep_seqs(length), "tokens": sweep_seqs(length) * length,
-                   "padded_len": padded_length(length, tile), "error": short(exc, 300)}
+                   "error": short(exc, 300)}
             print(f"  L={length}: {row['error']}", flush=True)
         else:
             times = ", ".join(f"{p} {row[f'ms_{p}']:.4f} ms" for p in policies)
@@ -703,7 +707,7 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
     if lengths:
         print(f"  sweep part: {time.perf_counter() - sweep_start:.1f} s", flush=True)
 
-    md_path = write_outputs(out_dir, dense, sweep, bounds, policies, tile, environment(), options)
+    md_path = write_outputs(out_dir, dense, sweep, bounds, policies, environment(), options)
     print(md_path.read_text().split("\n## Environment")[0], flush=True)
     return collect_summary(dense, sweep, bounds)
 
@@ -714,14 +718,15 @@ def main(argv: list[str] | None = None) -> int:
         for case in selected_dense(options):
             print(f"{case.name}: {case.flops / 1e12:.3f} TFLOP ({'causal, half of ' if case.causal else ''}"
                   f"4 B H S^2 D)")
-        tile, policies = sweep_tile(), tail_policies()
+        policies = tail_policies()
         lengths = selected_lengths(options)
         if lengths:
-            print(f"sweep: tail policies {policies}; tile_m {tile}; boundary pairs "
+            print(f"sweep: tail policies {policies}; boundary pairs "
                   f"{[f'{b} vs {a}' for _, b, a in boundary_pairs(lengths)]}")
         for length in lengths:
-            print(f"{sweep_name(length)}: N={sweep_seqs(length)}, {sweep_seqs(length) * length} tokens; padded "
-                  f"L={padded_length(length, tile)}, {sweep_seqs(length) * padded_length(length, tile)} tokens")
+            padded = padded_length(length, sweep_tile(length))
+            print(f"{sweep_name(length)}: N={sweep_seqs(length)}, {sweep_seqs(length) * length} tokens; tile_m "
+                  f"{sweep_tile(length)}, padded L={padded}, {sweep_seqs(length) * padded} tokens")
         return 0
     print(markdown_table(run(options.out or default_out_dir(), options), SUMMARY_COLUMNS))
     return 0

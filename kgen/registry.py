@@ -60,6 +60,14 @@ class Family:
 
     def select(self, **required: Any) -> Variant:
         """The variant for these axis values, or an error listing what is supported."""
+        return self.preferred(**required)[0]
+
+    def preferred(self, **required: Any) -> list[Variant]:
+        """Every variant with these axis values that agrees best with the spec's defaults, in spec order.
+
+        Several remain when the spec lists more than one configuration for the same
+        values (tile shapes for one head dim, say); an op then picks among them.
+        """
         unknown = sorted(set(required) - set(self.axes))
         if unknown:
             raise UnsupportedVariantError(f"{self.name}: no axis {unknown}; axes: {list(self.axes)}")
@@ -73,7 +81,9 @@ class Family:
                     raise UnsupportedVariantError(
                         f"{self.name}: {axis}={value!r} is not supported{where}; supported: {options}")
                 fixed[axis] = value
-        return max(matches, key=lambda v: sum(v.param_dict[k] == x for k, x in self.defaults.items()))
+        scores = [sum(v.param_dict[k] == x for k, x in self.defaults.items()) for v in matches]
+        best = max(scores)
+        return [v for v, score in zip(matches, scores) if score == best]
 
 
 def _spec_files(folder: Path) -> list[Path]:

@@ -30,8 +30,11 @@ def head_dims() -> list[int]:
     return registry.current().family("attention_prefill").supported("head_dim")
 
 
-def tails() -> list[str]:
-    return registry.current().family("attention_prefill").supported("tail")
+def kernels() -> list[tuple[int, int | None, str]]:
+    """(head_dim, tile_m, tail) of every kernel the spec lists, and tile_m None for the planner's own choice."""
+    listed = sorted({(v.param_dict["head_dim"], v.param_dict["tile_m"], v.param_dict["tail"])
+                     for v in registry.current().family("attention_prefill").variants})
+    return listed + sorted({(d, None, t) for d, _, t in listed})
 
 
 def reference(q, k, v, seqlens_q, seqlens_k, window, sink, scale):
@@ -71,7 +74,7 @@ def reference(q, k, v, seqlens_q, seqlens_k, window, sink, scale):
 
 
 def run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, dtype, causal, window, use_sink, seed, use_plan=True,
-             tail=None):
+             tail=None, tile_m=None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     total_q, total_k, heads_q = sum(seqlens_q), sum(seqlens_k), heads_kv * group
     q = torch.randn((total_q, heads_q, head_dim), generator=gen, device="cuda").to(dtype)
@@ -80,8 +83,10 @@ def run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, dtype, causal, win
     sink = torch.randn((heads_q,), generator=gen, device="cuda") * 2 if use_sink else None
     cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0).tolist()), dtype=torch.int32)
     cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0).tolist()), dtype=torch.int32)
-    plan = (plan_attention_varlen(cu_q, cu_k, head_dim=head_dim, dtype=dtype, causal=causal, window=window, tail=tail)
-            if use_plan else None)
+    plan = (plan_attention_varlen(cu_q, cu_k, head_dim=head_dim, dtype=dtype, causal=causal, window=window, tail=tail,
+                                  tile_m=tile_m) if use_plan else None)
+    if tile_m is not None:
+        assert plan.variant.param_dict["tile_m"] == tile_m
     out = torch.full((total_q, heads_q, head_dim), float("nan"), dtype=dtype, device="cuda")
     lse = torch.full((heads_q, total_q), float("nan"), dtype=torch.float32, device="cuda")
     scale = 1.0 / math.sqrt(head_dim)
@@ -108,13 +113,14 @@ windows = st.tuples(st.sampled_from([-1, -1, 0, 1, 17, 100]), st.sampled_from([-
 @given(
     seqs=st.lists(st.tuples(lengths, lengths), min_size=1, max_size=5),
     heads_kv=st.sampled_from([1, 2]), group=st.sampled_from([1, 2, 4]),
-    head_dim=st.sampled_from(head_dims()), dtype=st.sampled_from(list(DTYPES)),
+    kernel=st.sampled_from(kernels()), dtype=st.sampled_from(list(DTYPES)),
     causal=st.booleans(), window=windows, use_sink=st.booleans(), seed=st.integers(0, 2**31 - 1),
-    tail=st.sampled_from(tails()),
 )
-def test_attention_matches_reference(seqs, heads_kv, group, head_dim, dtype, causal, window, use_sink, seed, tail):
+def test_attention_matches_reference(seqs, heads_kv, group, kernel, dtype, causal, window, use_sink, seed):
     seqlens_q, seqlens_k = [s[0] for s in seqs], [s[1] for s in seqs]
-    run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, DTYPES[dtype], causal, window, use_sink, seed, tail=tail)
+    head_dim, tile_m, tail = kernel
+    run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, DTYPES[dtype], causal, window, use_sink, seed, tail=tail,
+             tile_m=tile_m)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -137,11 +143,13 @@ def test_full_tile_batches_use_the_no_tail_variant(tiles, head_dim, causal, seed
     run_case(seqlens_q, seqlens_k, 2, 2, head_dim, torch.bfloat16, causal, (-1, -1), False, seed)
 
 
-@pytest.mark.parametrize("length", [1, 31, 63, 64, 65, 255, 256, 257, 1023, 1025, 4096])
+@pytest.mark.parametrize("length", [1, 31, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1023, 1025, 4096])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("tail", tails())
-def test_long_sequences(length, causal, tail):
-    run_case([length, 7], [length, 7], 2, 4, 128, torch.bfloat16, causal, (-1, -1), False, seed=length, tail=tail)
+@pytest.mark.parametrize("kernel", [k for k in kernels() if k[1] is not None], ids=lambda k: "hd{}-m{}-{}".format(*k))
+def test_long_sequences(length, causal, kernel):
+    head_dim, tile_m, tail = kernel
+    run_case([length, 7], [length, 7], 2, 4, head_dim, torch.bfloat16, causal, (-1, -1), False, seed=length,
+             tail=tail, tile_m=tile_m)
 
 
 def test_without_a_plan_the_op_plans_for_itself():

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from kgen import registry
+from kgen.registry import UnsupportedVariantError
 from kgen.ops import attention_varlen, plan_attention_varlen
 
 
@@ -28,10 +29,36 @@ def test_full_tile_batches_plan_the_no_tail_variant(head_dim):
 def test_work_list_covers_every_query_tile_longest_first():
     tile_m = spec_tiles(128)["tile_m"]
     plan = plan_attention_varlen([0, 3 * tile_m, 3 * tile_m + 1], [0, 3 * tile_m, 3 * tile_m + 1], head_dim=128,
-                                 causal=True, device="cpu")
+                                 causal=True, device="cpu", tile_m=tile_m)
     assert plan.work.dtype == torch.int32 and plan.work.shape == (4, 2)
     assert sorted(map(tuple, plan.work.tolist())) == [(0, 0), (0, 1), (0, 2), (1, 0)]
     assert tuple(plan.work[0].tolist()) == (0, 2)  # the causal tile with the most keys goes first
+
+
+def tile_heights(head_dim: int) -> list[int]:
+    """The spec's tile heights for ``head_dim``, in its order of preference."""
+    return [v.param_dict["tile_m"] for v in registry.current().family("attention_prefill").preferred(
+        head_dim=head_dim, dtype="bf16", has_incomplete_tile=True)]
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+def test_long_sequences_take_the_first_tile_shape_and_short_ones_the_tightest(head_dim):
+    heights = tile_heights(head_dim)
+    first, tightest = heights[0], min(heights)
+    long = plan_attention_varlen([0, 64 * first, 128 * first], [0, 64 * first, 128 * first], head_dim=head_dim,
+                                 device="cpu")
+    assert long.variant.param_dict["tile_m"] == first
+    short = plan_attention_varlen([0, tightest - 1, 2 * tightest - 2], [0, 5, 10], head_dim=head_dim, device="cpu")
+    assert short.variant.param_dict["tile_m"] == tightest
+    assert short.has_incomplete_tile and short.variant.param_dict["has_incomplete_tile"] is True
+
+
+def test_a_forced_tile_height_must_be_one_the_spec_lists():
+    for tile_m in tile_heights(128):
+        assert plan_attention_varlen([0, 5], [0, 5], head_dim=128, device="cpu",
+                                     tile_m=tile_m).variant.param_dict["tile_m"] == tile_m
+    with pytest.raises(UnsupportedVariantError, match=r"tile_m=48 is not supported.*supported: \["):
+        plan_attention_varlen([0, 5], [0, 5], head_dim=128, device="cpu", tile_m=48)
 
 
 @pytest.mark.parametrize("tail", ["cp_async", "tma"])

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kgen.ops.attention_plan import (
-    TileSchedule, key_tile_range, plan_tiles, seqlens_from_cu, validate_window,
+    PADDING_TOLERANCE, TileSchedule, choose_tile_height, key_tile_range, plan_tiles, seqlens_from_cu, validate_window,
 )
 
 TILES = (16, 32, 64, 128)
@@ -121,6 +121,39 @@ def test_every_residue_against_brute_force(tile_m, tile_n, causal, window):
     seqlens_q = list(range(260))
     seqlens_k = [max(lq + (lq * 37) % 91 - 45, 0) for lq in seqlens_q]
     check_against_model(seqlens_q, seqlens_k, tile_m, tile_n, causal, window)
+
+
+# --- tile height choice -------------------------------------------------------------------------------------------
+
+def computed_rows(seqlens_q: list[int], tile_m: int) -> int:
+    """Rows the kernel runs, counted tile by tile (no rounding formula shared with the planner)."""
+    rows = 0
+    for lq in seqlens_q:
+        start = 0
+        while start < lq:
+            rows += tile_m
+            start += tile_m
+    return rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(seqlens_q=st.lists(st.integers(0, 3000), max_size=10),
+       heights=st.lists(st.sampled_from(TILES), min_size=1, max_size=4))
+def test_tile_height_choice_is_the_first_within_the_padding_tolerance(seqlens_q, heights):
+    chosen = choose_tile_height(seqlens_q, heights)
+    rows = [computed_rows(seqlens_q, h) for h in heights]
+    assert rows[chosen] <= min(rows) * (1 + PADDING_TOLERANCE)
+    assert all(r > min(rows) * (1 + PADDING_TOLERANCE) for r in rows[:chosen])
+
+
+def test_tile_height_choice_by_hand():
+    assert choose_tile_height([8192, 8192], [128, 64]) == 0  # no padding either way
+    assert choose_tile_height([8192 + 64], [128, 64]) == 0  # 64 padded rows of 8320: within 12.5%
+    assert choose_tile_height([63] * 100, [128, 64]) == 1  # 128-row tiles would compute 2x the rows
+    assert choose_tile_height([65], [128, 64]) == 0  # one 128-row tile or two 64-row ones: the same rows
+    assert choose_tile_height([], [128, 64]) == 0
+    with pytest.raises(ValueError, match="at least one"):
+        choose_tile_height([5], [])
 
 
 # --- hand-checked cases: pin the mask rule itself, independently of the model above -----------------------------

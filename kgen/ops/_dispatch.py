@@ -14,17 +14,20 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp
 
 
 def tail_pair(family: str, **required: Any) -> tuple[Variant, Variant]:
-    """The (with-tail, without-tail) variants for ``required``.
+    """The (with-tail, without-tail) variants for ``required``: see :func:`without_tail`."""
+    with_tail = registry_module.current().family(family).select(**required, has_incomplete_tile=True)
+    return with_tail, without_tail(family, with_tail)
 
-    The second is the has_incomplete_tile=false specialisation with the same
-    other parameters, used when every tile of a batch is full; when the spec
-    declares none, the with-tail variant serves both.
+
+def without_tail(family: str, with_tail: Variant) -> Variant:
+    """The has_incomplete_tile=false twin of ``with_tail`` (same other parameters).
+
+    It runs when every tile of a batch is full; when the spec declares none,
+    the with-tail variant serves both.
     """
     fam = registry_module.current().family(family)
-    with_tail = fam.select(**required, has_incomplete_tile=True)
     params = dict(with_tail.params, has_incomplete_tile=False)
-    without_tail = next((v for v in fam.variants if v.param_dict == params), with_tail)
-    return with_tail, without_tail
+    return next((v for v in fam.variants if v.param_dict == params), with_tail)
 
 
 def launcher(variant: Variant, entry: str, device_index: int, dynamic_smem: int = 0) -> KernelLauncher:

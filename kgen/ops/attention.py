@@ -21,9 +21,10 @@ from cuda.core._tensor_map import TensorMapSwizzle
 
 from kgen.launch import KernelLauncher
 from kgen.ops._checks import check_tensor
-from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, tail_pair
+from kgen import registry
+from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, without_tail
 from kgen.registry import Variant
-from kgen.ops.attention_plan import TileSchedule, plan_tiles, seqlens_from_cu, validate_window
+from kgen.ops.attention_plan import TileSchedule, choose_tile_height, plan_tiles, seqlens_from_cu, validate_window
 
 FAMILY = "attention_prefill"
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -44,8 +45,8 @@ class AttentionPlan:
     window: tuple[int, int]  # (left, right) with causal folded in; -1 = unbounded
     num_seqs: int
     work: torch.Tensor  # int32 [num_work, 2] (sequence, query tile), on the device
-    #: The variant to run: the spec's choice for this head dim, dtype and tail policy,
-    #: specialised on has_incomplete_tile from the schedule.
+    #: The variant to run: the spec's choice for this head dim, dtype, tail policy and
+    #: batch (tile shape), specialised on has_incomplete_tile from the schedule.
     variant: Variant
 
     @property
@@ -53,21 +54,27 @@ class AttentionPlan:
         return self.schedule.has_incomplete_tile
 
 
-def _select_variant(head_dim: int, dtype: torch.dtype, tail: str | None, has_incomplete_tile: bool) -> Variant:
-    """The with-tail variant the spec prefers, or its no-tail twin (same tiles) for batches of full tiles."""
+def _tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m: int | None) -> list[Variant]:
+    """The with-tail variants the spec offers for this call, in its order of preference (one per tile shape)."""
     wanted = {"tail": tail} if tail is not None else {}
-    with_tail, without_tail = tail_pair(FAMILY, head_dim=head_dim, dtype=DTYPE_NAMES[dtype], **wanted)
-    return with_tail if has_incomplete_tile else without_tail
+    if tile_m is not None:
+        wanted["tile_m"] = tile_m
+    return registry.current().family(FAMILY).preferred(
+        head_dim=head_dim, dtype=DTYPE_NAMES[dtype], has_incomplete_tile=True, **wanted)
 
 
 def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: torch.dtype = torch.bfloat16,
                           causal: bool = False, window: tuple[int, int] = (-1, -1),
-                          device: torch.device | str | int | None = None, tail: str | None = None) -> AttentionPlan:
-    """Plan a batch: tile schedule (longest tiles first), maximum lengths, has_incomplete_tile.
+                          device: torch.device | str | int | None = None, tail: str | None = None,
+                          tile_m: int | None = None) -> AttentionPlan:
+    """Plan a batch: tile shape, tile schedule (longest tiles first), maximum lengths, has_incomplete_tile.
 
     ``cu_seqlens_q`` / ``cu_seqlens_k`` are host data (lists or CPU tensors) of
-    length N+1. ``head_dim`` and ``dtype`` pick the spec variant, and so the tile
-    sizes. The work list is copied to ``device`` (default: the current CUDA device).
+    length N+1. ``head_dim`` and ``dtype`` pick the spec's variants; among the tile
+    shapes it lists for them, the first is used unless it pads the batch's query rows
+    far more than another (see :func:`kgen.ops.attention_plan.choose_tile_height`), and
+    ``tile_m`` forces one. The work list is copied to ``device`` (default: the current
+    CUDA device).
     ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's default tail policy. With
     ``"tma"`` an incomplete tile loads a whole box and masks it, reading the rows that follow
     the sequence in the packed tensors (they must be finite: a NaN there would survive the
@@ -80,10 +87,12 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     if len(seqlens_q) != len(seqlens_k):
         raise ValueError(f"cu_seqlens_k: expected {len(seqlens_q) + 1} entries like cu_seqlens_q, got {len(seqlens_k) + 1}")
     merged_window = validate_window(causal, window)
-    params = _select_variant(head_dim, dtype, tail, has_incomplete_tile=True).param_dict
+    candidates = _tile_candidates(head_dim, dtype, tail, tile_m)
+    with_tail = candidates[choose_tile_height(seqlens_q, [v.param_dict["tile_m"] for v in candidates])]
+    params = with_tail.param_dict
     schedule = plan_tiles(seqlens_q, seqlens_k, tile_m=params["tile_m"], tile_n=params["tile_n"],
                           causal=causal, window=window)
-    variant = _select_variant(head_dim, dtype, tail, schedule.has_incomplete_tile)
+    variant = with_tail if schedule.has_incomplete_tile else without_tail(FAMILY, with_tail)
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     work = torch.tensor(schedule.work, dtype=torch.int32).reshape(-1, 2).to(device)
     return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), work, variant)

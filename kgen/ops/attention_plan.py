@@ -134,6 +134,31 @@ def plan_tiles(seqlens_q: list[int], seqlens_k: list[int], *, tile_m: int, tile_
     )
 
 
+#: A tile height listed earlier in the spec (a faster one) is kept unless it pads the
+#: batch's query rows by more than this fraction over the tightest listed height.
+PADDING_TOLERANCE = 0.125
+
+
+def padded_rows(seqlens_q: Sequence[int], tile_m: int) -> int:
+    """Query rows the kernel computes for the batch: every sequence rounded up to whole tiles."""
+    return sum(-(-lq // tile_m) * tile_m for lq in seqlens_q)
+
+
+def choose_tile_height(seqlens_q: Sequence[int], tile_heights: Sequence[int]) -> int:
+    """Index into ``tile_heights`` (the spec's order of preference) of the one to run this batch with.
+
+    The first height wins unless rows past the sequences' ends would make it pad
+    more than :data:`PADDING_TOLERANCE` beyond the height that pads least: short
+    sequences (a 63-token prompt in 128-row tiles) then take smaller tiles, while
+    long ones keep the faster large tiles.
+    """
+    if not tile_heights:
+        raise ValueError("tile_heights: expected at least one tile height")
+    padded = [padded_rows(seqlens_q, tile_m) for tile_m in tile_heights]
+    limit = min(padded) * (1 + PADDING_TOLERANCE)
+    return next(i for i, rows in enumerate(padded) if rows <= limit)
+
+
 def seqlens_from_cu(cu: Sequence[int] | torch.Tensor, name: str) -> list[int]:
     """The sequence lengths described by cumulative lengths ``cu`` (``[0, n0, n0 + n1, ...]``).
 
