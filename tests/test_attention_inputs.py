@@ -42,14 +42,14 @@ def tile_heights(head_dim: int) -> list[int]:
 
 
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
-def test_long_sequences_take_the_first_tile_shape_and_short_ones_the_tightest(head_dim):
+def test_long_sequences_take_the_first_tile_shape_and_short_ones_the_smallest(head_dim):
     heights = tile_heights(head_dim)
-    first, tightest = heights[0], min(heights)
+    first, smallest = heights[0], min(heights)
     long = plan_attention_varlen([0, 64 * first, 128 * first], [0, 64 * first, 128 * first], head_dim=head_dim,
                                  device="cpu")
     assert long.variant.param_dict["tile_m"] == first
-    short = plan_attention_varlen([0, tightest - 1, 2 * tightest - 2], [0, 5, 10], head_dim=head_dim, device="cpu")
-    assert short.variant.param_dict["tile_m"] == tightest
+    short = plan_attention_varlen([0, smallest - 1, 2 * smallest - 2], [0, 5, 10], head_dim=head_dim, device="cpu")
+    assert short.variant.param_dict["tile_m"] == smallest
     assert short.has_incomplete_tile and short.variant.param_dict["has_incomplete_tile"] is True
 
 

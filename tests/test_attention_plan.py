@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kgen.ops.attention_plan import (
-    PADDING_TOLERANCE, TileSchedule, choose_tile_height, key_tile_range, plan_tiles, seqlens_from_cu, validate_window,
+    WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, plan_tiles, seqlens_from_cu, validate_window,
 )
 
 TILES = (16, 32, 64, 128)
@@ -123,37 +123,44 @@ def test_every_residue_against_brute_force(tile_m, tile_n, causal, window):
     check_against_model(seqlens_q, seqlens_k, tile_m, tile_n, causal, window)
 
 
-# --- tile height choice -------------------------------------------------------------------------------------------
+# --- tile shape choice --------------------------------------------------------------------------------------------
 
-def computed_rows(seqlens_q: list[int], tile_m: int) -> int:
-    """Rows the kernel runs, counted tile by tile (no rounding formula shared with the planner)."""
-    rows = 0
-    for lq in seqlens_q:
-        start = 0
-        while start < lq:
-            rows += tile_m
-            start += tile_m
-    return rows
+def model_scores(seqlens_q: list[int], seqlens_k: list[int], tile_m: int, tile_n: int, causal: bool,
+                 window: tuple[int, int]) -> int:
+    """Scores computed in full tiles, counted from the brute-force key ranges."""
+    return sum((end - begin) * tile_m * tile_n
+               for lq, lk in zip(seqlens_q, seqlens_k)
+               for begin, end in brute_force_ranges(lq, lk, tile_m, tile_n, causal, window))
 
 
-@settings(max_examples=300, deadline=None)
-@given(seqlens_q=st.lists(st.integers(0, 3000), max_size=10),
-       heights=st.lists(st.sampled_from(TILES), min_size=1, max_size=4))
-def test_tile_height_choice_is_the_first_within_the_padding_tolerance(seqlens_q, heights):
-    chosen = choose_tile_height(seqlens_q, heights)
-    rows = [computed_rows(seqlens_q, h) for h in heights]
-    assert rows[chosen] <= min(rows) * (1 + PADDING_TOLERANCE)
-    assert all(r > min(rows) * (1 + PADDING_TOLERANCE) for r in rows[:chosen])
+@settings(max_examples=150, deadline=None)
+@given(batch=st.lists(sequence(), max_size=6), shapes=st.lists(st.tuples(st.sampled_from(TILES), st.sampled_from(TILES)),
+                                                             min_size=1, max_size=3),
+       causal=st.booleans(), window=st.tuples(window_side, window_side))
+def test_tile_shape_choice_is_the_first_within_the_work_tolerance(batch, shapes, causal, window):
+    seqlens_q, seqlens_k = [q for q, _ in batch], [k for _, k in batch]
+    chosen = choose_schedule([plan_tiles(seqlens_q, seqlens_k, tile_m=m, tile_n=n, causal=causal, window=window)
+                              for m, n in shapes])
+    work = [model_scores(seqlens_q, seqlens_k, m, n, causal, window) for m, n in shapes]
+    assert work[chosen] <= min(work) * (1 + WORK_TOLERANCE)
+    assert all(w > min(work) * (1 + WORK_TOLERANCE) for w in work[:chosen])
 
 
-def test_tile_height_choice_by_hand():
-    assert choose_tile_height([8192, 8192], [128, 64]) == 0  # no padding either way
-    assert choose_tile_height([8192 + 64], [128, 64]) == 0  # 64 padded rows of 8320: within 12.5%
-    assert choose_tile_height([63] * 100, [128, 64]) == 1  # 128-row tiles would compute 2x the rows
-    assert choose_tile_height([65], [128, 64]) == 0  # one 128-row tile or two 64-row ones: the same rows
-    assert choose_tile_height([], [128, 64]) == 0
+def chosen_shape(seqlens: list[int], causal: bool, shapes=((128, 128), (64, 64))) -> tuple[int, int]:
+    schedules = [plan_tiles(seqlens, seqlens, tile_m=m, tile_n=n, causal=causal, window=(-1, -1)) for m, n in shapes]
+    return shapes[choose_schedule(schedules)]
+
+
+def test_tile_shape_choice_by_hand():
+    assert chosen_shape([8192, 8192], causal=False) == (128, 128)  # the same scores either way
+    assert chosen_shape([8192, 8192], causal=True) == (128, 128)  # diagonal waste: 1% more
+    assert chosen_shape([2048], causal=True) == (128, 128)  # 136 x 128^2 vs 528 x 64^2: 3% more
+    assert chosen_shape([256] * 8, causal=True) == (64, 64)  # 3 x 128^2 vs 10 x 64^2: 20% more
+    assert chosen_shape([63] * 100, causal=False) == (64, 64)  # 4x the scores in 128x128 tiles
+    assert chosen_shape([65], causal=False) == (128, 128)  # one 128x128 tile or four 64x64 ones
+    assert chosen_shape([], causal=True) == (128, 128)
     with pytest.raises(ValueError, match="at least one"):
-        choose_tile_height([5], [])
+        choose_schedule([])
 
 
 # --- hand-checked cases: pin the mask rule itself, independently of the model above -----------------------------

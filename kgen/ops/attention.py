@@ -24,7 +24,7 @@ from kgen.ops._checks import check_tensor
 from kgen import registry
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, without_tail
 from kgen.registry import Variant
-from kgen.ops.attention_plan import TileSchedule, choose_tile_height, plan_tiles, seqlens_from_cu, validate_window
+from kgen.ops.attention_plan import TileSchedule, choose_schedule, plan_tiles, seqlens_from_cu, validate_window
 
 FAMILY = "attention_prefill"
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -71,9 +71,9 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
 
     ``cu_seqlens_q`` / ``cu_seqlens_k`` are host data (lists or CPU tensors) of
     length N+1. ``head_dim`` and ``dtype`` pick the spec's variants; among the tile
-    shapes it lists for them, the first is used unless it pads the batch's query rows
-    far more than another (see :func:`kgen.ops.attention_plan.choose_tile_height`), and
-    ``tile_m`` forces one. The work list is copied to ``device`` (default: the current
+    shapes it lists for them, the first is used unless it computes many more masked or
+    padded scores for this batch than another (see
+    :func:`kgen.ops.attention_plan.choose_schedule`); ``tile_m`` forces one height. The work list is copied to ``device`` (default: the current
     CUDA device).
     ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's default tail policy. With
     ``"tma"`` an incomplete tile loads a whole box and masks it, reading the rows that follow
@@ -88,10 +88,10 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
         raise ValueError(f"cu_seqlens_k: expected {len(seqlens_q) + 1} entries like cu_seqlens_q, got {len(seqlens_k) + 1}")
     merged_window = validate_window(causal, window)
     candidates = _tile_candidates(head_dim, dtype, tail, tile_m)
-    with_tail = candidates[choose_tile_height(seqlens_q, [v.param_dict["tile_m"] for v in candidates])]
-    params = with_tail.param_dict
-    schedule = plan_tiles(seqlens_q, seqlens_k, tile_m=params["tile_m"], tile_n=params["tile_n"],
-                          causal=causal, window=window)
+    schedules = [plan_tiles(seqlens_q, seqlens_k, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"],
+                            causal=causal, window=window) for v in candidates]
+    chosen = choose_schedule(schedules)
+    with_tail, schedule = candidates[chosen], schedules[chosen]
     variant = with_tail if schedule.has_incomplete_tile else without_tail(FAMILY, with_tail)
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     work = torch.tensor(schedule.work, dtype=torch.int32).reshape(-1, 2).to(device)

@@ -134,29 +134,30 @@ def plan_tiles(seqlens_q: list[int], seqlens_k: list[int], *, tile_m: int, tile_
     )
 
 
-#: A tile height listed earlier in the spec (a faster one) is kept unless it pads the
-#: batch's query rows by more than this fraction over the tightest listed height.
-PADDING_TOLERANCE = 0.125
+#: A tile shape listed earlier in the spec (a faster one per score computed) is kept
+#: unless it computes more than this fraction more scores than the shape that computes fewest.
+WORK_TOLERANCE = 1 / 16
 
 
-def padded_rows(seqlens_q: Sequence[int], tile_m: int) -> int:
-    """Query rows the kernel computes for the batch: every sequence rounded up to whole tiles."""
-    return sum(-(-lq // tile_m) * tile_m for lq in seqlens_q)
+def computed_scores(schedule: TileSchedule) -> int:
+    """Query-key scores the kernel computes for a schedule: every visited tile in full, masked or not."""
+    return sum(schedule.num_key_tiles) * schedule.tile_m * schedule.tile_n
 
 
-def choose_tile_height(seqlens_q: Sequence[int], tile_heights: Sequence[int]) -> int:
-    """Index into ``tile_heights`` (the spec's order of preference) of the one to run this batch with.
+def choose_schedule(schedules: Sequence[TileSchedule]) -> int:
+    """Index into ``schedules`` (one per tile shape, in the spec's order of preference) of the one to run.
 
-    The first height wins unless rows past the sequences' ends would make it pad
-    more than :data:`PADDING_TOLERANCE` beyond the height that pads least: short
-    sequences (a 63-token prompt in 128-row tiles) then take smaller tiles, while
-    long ones keep the faster large tiles.
+    The first wins unless it computes over :data:`WORK_TOLERANCE` more scores than the
+    schedule that computes fewest: large tiles waste rows past a short sequence's end
+    and, under a causal mask, half of every diagonal tile, so short sequences (a
+    256-token causal prompt in 128x128 tiles) take smaller tiles, while long ones keep
+    the faster large tiles.
     """
-    if not tile_heights:
-        raise ValueError("tile_heights: expected at least one tile height")
-    padded = [padded_rows(seqlens_q, tile_m) for tile_m in tile_heights]
-    limit = min(padded) * (1 + PADDING_TOLERANCE)
-    return next(i for i, rows in enumerate(padded) if rows <= limit)
+    if not schedules:
+        raise ValueError("schedules: expected at least one tile schedule")
+    scores = [computed_scores(s) for s in schedules]
+    limit = min(scores) * (1 + WORK_TOLERANCE)
+    return next(i for i, n in enumerate(scores) if n <= limit)
 
 
 def seqlens_from_cu(cu: Sequence[int] | torch.Tensor, name: str) -> list[int]:
