@@ -18,7 +18,8 @@
     tiles of the height the planner picks for L (which run the
     has_incomplete_tile=false variant of the default policy). Calls under 50 us are timed as CUDA
     graph replays over enough input sets to defeat L2; the rest with the event
-    timer. Bar (observation): t(2^k - 1) <= t(2^k) for k >= 6.
+    timer. Bar (observation): t(2^k - 1) <= t(2^k) for k >= 6, from each
+    pair timed again alternately (median of per-round ratios).
 
 Writes bench_attention.json, bench_attention.md and bench_attention.png (the
 sweep, log-log; skipped with a note without matplotlib).
@@ -33,6 +34,7 @@ import contextlib
 import functools
 import inspect
 import math
+import statistics
 import sys
 import time
 import warnings
@@ -448,8 +450,9 @@ def sweep_columns(policies: list[str]) -> list[Column]:
 
 BOUNDARY_COLUMNS: list[Column] = [
     ("policy", "policy", None), ("k", "k", "d"), ("lengths", "L", None), ("ms_below", "t(2^k-1) ms", ".4f"),
-    ("ms_at", "t(2^k) ms", ".4f"), ("ratio", "t(2^k-1)/t(2^k)", ".3f"), ("bar", "bar", None),
-    ("verdict", "verdict", None), ("correct", "correct", None), ("timers", "timers", None),
+    ("ms_at", "t(2^k) ms", ".4f"), ("ratio", "t(2^k-1)/t(2^k)", ".3f"), ("ratio_min", "min", ".3f"),
+    ("ratio_max", "max", ".3f"), ("rounds", "rounds", "d"), ("bar", "bar", None),
+    ("verdict", "verdict", None), ("correct", "correct", None), ("error", "error", None),
 ]
 
 
@@ -506,20 +509,44 @@ def measure_length(length: int, policies: list[str], options: argparse.Namespace
     return row
 
 
-def boundary_rows(sweep: list[dict[str, Any]], policies: list[str]) -> list[dict[str, Any]]:
+def paired_times(below: Callable[[], Any], at: Callable[[], Any], rounds: int,
+                 options: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """Event timings of two calls alternated over ``rounds`` (ABBA order), so clock drift hits both alike."""
+    times_below, times_at = [], []
+    for r in range(rounds):
+        order = ((below, times_below), (at, times_at))
+        for call, times in (order if r % 2 == 0 else order[::-1]):
+            times.append(time_cuda(call, warmup_ms=options.attn_warmup_ms, rep_ms=options.attn_boundary_rep_ms))
+    return times_below, times_at
+
+
+def boundary_rows(sweep: list[dict[str, Any]], policies: list[str], options: argparse.Namespace
+                  ) -> list[dict[str, Any]]:
+    """The bar's pairs, timed again side by side: the ratio is the median of the per-round ratios."""
     by_length = {r["L"]: r for r in sweep}
     rows = []
-    for policy in policies:
-        for k, below, at in boundary_pairs(list(by_length)):
-            low, high = by_length[below], by_length[at]
-            t_low, t_high = low.get(f"ms_{policy}"), high.get(f"ms_{policy}")
-            ratio = t_low / t_high if t_low is not None and t_high is not None else None
-            wrong = "WRONG" in (low.get("correct"), high.get("correct"))
-            rows.append({"policy": policy, "k": k, "lengths": f"{below} vs {at}", "ms_below": t_low, "ms_at": t_high,
-                         "ratio": ratio, "bar": f"<= {BOUNDARY_BAR}",
-                         "verdict": verdict(ratio, BOUNDARY_BAR, False) if ratio is not None else "ERROR",
-                         "correct": "WRONG" if wrong else "ok",
-                         "timers": f"{low.get('timer', '-')}/{high.get('timer', '-')}"})
+    for k, below, at in boundary_pairs(list(by_length)):
+        gen = torch.Generator(device=DEVICE).manual_seed(options.attn_seed * 1000 + 900 + k)
+        batches = [make_batch(sweep_seqs(length), length, gen) for length in (below, at)]
+        wrong = "WRONG" in (by_length[below].get("correct"), by_length[at].get("correct"))
+        for policy in policies:
+            row: dict[str, Any] = {"policy": policy, "k": k, "lengths": f"{below} vs {at}", "bar": f"<= {BOUNDARY_BAR}",
+                                   "correct": "WRONG" if wrong else "ok", "rounds": options.attn_boundary_rounds}
+            try:
+                calls = [kgen_calls(b, plan_for(b.cu_host, SWEEP_HEAD_DIM, True, policy))[0] for b in batches]
+                times_below, times_at = paired_times(*calls, options.attn_boundary_rounds, options)
+            except Exception as exc:
+                rows.append({**row, "ratio": None, "verdict": "ERROR", "error": short(exc)})
+                continue
+            ratios = [b / a for b, a in zip(times_below, times_at)]
+            ratio = statistics.median(ratios)
+            rows.append({**row, "ms_below": statistics.median(times_below), "ms_at": statistics.median(times_at),
+                         "ratio": ratio, "ratio_min": min(ratios), "ratio_max": max(ratios),
+                         "ms_below_rounds": times_below, "ms_at_rounds": times_at,
+                         "verdict": verdict(ratio, BOUNDARY_BAR, False)})
+        for b in batches:
+            b.sets.clear()
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -586,7 +613,10 @@ def notes_for(options: argparse.Namespace, policies: list[str]) -> list[str]:
         f"shorter than {GRAPH_BELOW_MS * 1e3:.0f} us (probed back to back) are timed as CUDA graph replays rotating "
         f"over enough input sets to exceed 3x L2 ('graph'), others with the event timer ('events'); the padded "
         f"baseline uses the same timer as its L. Correctness: first and last sequence vs float64, output "
-        f"NaN-poisoned first. Bar: t(2^k - 1) <= t(2^k) for k >= {BOUNDARY_MIN_K} (observation only).",
+        f"NaN-poisoned first. Bar: t(2^k - 1) <= t(2^k) for k >= {BOUNDARY_MIN_K} (observation only), "
+        f"from a second, paired measurement: each pair's two lengths timed alternately (ABBA, event timer, "
+        f"{options.attn_boundary_rounds} rounds of {options.attn_boundary_rep_ms:g} ms) on fresh inputs; the "
+        f"ratio is the median of the per-round ratios (min and max shown), its times the medians.",
     ]
 
 
@@ -656,6 +686,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="timed repeats per event timing, ms (default 100)")
     group.add_argument("--attn-rounds", type=int, default=2, help="times each implementation is timed (default 2)")
     group.add_argument("--attn-seed", type=int, default=0)
+    group.add_argument("--attn-boundary-rounds", type=int, default=15,
+                       help="alternated timings of each boundary pair (default 15)")
+    group.add_argument("--attn-boundary-rep-ms", type=float, default=40,
+                       help="event-timer repetitions per boundary timing, ms (default 40)")
 
 
 def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
@@ -703,7 +737,7 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
                   f"{row['padded_ms']:.4f} ms; t(L)/t(padded) {ratios} ({row['correct']})", flush=True)
         sweep.append(row)
         torch.cuda.empty_cache()
-    bounds = boundary_rows(sweep, policies)
+    bounds = boundary_rows(sweep, policies, options)
     if lengths:
         print(f"  sweep part: {time.perf_counter() - sweep_start:.1f} s", flush=True)
 
