@@ -105,7 +105,7 @@ _MAX_TENSOR_MAPS = 256
 
 def _dynamic_smem(params: dict, itemsize: int) -> int:
     # Mirrors the template: 1024 bytes of slack to align the tiles for TMA's swizzle, one
-    # Q tile, two buffers each of K and V, then five 8-byte mbarriers (K and V per buffer, and Q).
+    # Q tile, two buffers each of K and V, then three 8-byte mbarriers.
     return 1024 + (params["tile_m"] + 4 * params["tile_n"]) * params["head_dim"] * itemsize + 64
 
 
