@@ -8,7 +8,9 @@
     (the mean over the variants after the first, which pays one-time costs).
 (c) Host overhead per call of merge_attention_states on tiny tensors (the GPU
     work is negligible) against ``x.add_(y)`` in the same process, as wall time
-    over a loop between two synchronisations. Bar: merge / add_ <= 1.0.
+    over a loop between two synchronisations. Bar: merge / add_ <= 1.0. For
+    context: the op's launch replayed raw, and the floor of any op that returns
+    two new tensors (two ``new_empty`` plus a launch of an empty kernel).
 
 Bars are observations, printed with PASS/FAIL, never enforced.
 
@@ -42,6 +44,8 @@ HOST_RATIO_BAR = 1.0
 CHILD_FLAG = "--child-warm-load"
 CHILD_TIMEOUT_S = 300
 RAW_LAUNCH = "cuda.core.launch (the op's launch, replayed raw)"
+ALLOCATIONS = "the op's two result allocations alone (new_empty x2)"
+EMPTY_LAUNCH = "cuda.core.launch of an empty 1-argument kernel"
 
 VARIANT_COLUMNS: list[Column] = [
     ("variant", "variant", None), ("cold_build_ms", "cold build ms", ".1f"), ("nvrtc_ms", "NVRTC ms", ".1f"),
@@ -168,6 +172,25 @@ def recorded_launch(op_call: Callable[[], Any]) -> Callable[[], Any]:
     return functools.partial(real_launch, *recorded[0])
 
 
+def new_results_like(v: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two result allocations merge_attention_states makes (``new_empty`` of v's and lse's shapes)."""
+    return v.new_empty(v.shape), lse.new_empty(lse.shape)
+
+
+def empty_kernel_launch() -> Callable[[], Any]:
+    """``cuda.core.launch`` of a kernel with one argument and an empty body, on torch's current stream."""
+    from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch
+    from kgen.launch import current_stream
+
+    device = Device(torch.cuda.current_device())
+    device.set_current()
+    arch = "sm_{}{}".format(*device.compute_capability)
+    module = Program('extern "C" __global__ void empty(long long) {}', "c++",
+                     ProgramOptions(arch=arch)).compile("cubin")
+    return functools.partial(launch, current_stream(torch.cuda.current_device()), LaunchConfig(grid=1, block=32),
+                             module.get_kernel("empty"), 1)
+
+
 def host_overhead(calls: int, rounds: int, warmup_calls: int = 200) -> list[dict[str, Any]]:
     """µs per call of the op (allocating, and with out=), of x.add_(y), and of a raw launch; median over rounds."""
     from kgen.ops import merge_attention_states
@@ -187,6 +210,12 @@ def host_overhead(calls: int, rounds: int, warmup_calls: int = 200) -> list[dict
         candidates[RAW_LAUNCH] = recorded_launch(candidates["merge_attention_states(out=)"])
     except Exception as exc:  # it leans on kgen.launch's internals; the context is optional
         print(f"  raw launch skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
+    # The floor under any op that returns new tensors and launches through cuda.core.
+    candidates[ALLOCATIONS] = functools.partial(new_results_like, v[0], lse[0])
+    try:
+        candidates[EMPTY_LAUNCH] = empty_kernel_launch()
+    except Exception as exc:
+        print(f"  empty-kernel launch skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
     for fn in candidates.values():
         wall_us_per_call(fn, warmup_calls)  # first use compiles or loads; keep it out
     samples: dict[str, list[float]] = {name: [] for name in candidates}
@@ -199,7 +228,7 @@ def host_overhead(calls: int, rounds: int, warmup_calls: int = 200) -> list[dict
         host_us = statistics.median(samples[name])
         gpu_us = None
         # The raw launch is bound to the stream current when it was built, not the capture stream: never capture it.
-        if name != RAW_LAUNCH:
+        if name not in (RAW_LAUNCH, EMPTY_LAUNCH):
             try:
                 # The GPU side of the same call: were it close to the wall time, the loop would be device-bound.
                 gpu_us = time_graph(fn, replays_per_sample=50, samples=10) * 1e3
@@ -272,6 +301,11 @@ def summarise_host(host_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if row["bar"]:
             out.append(summary_row("machinery", f"(c) host: {row['call']} / x.add_(y)", row["ratio_to_add"], "x",
                                    row["bar"], row["verdict"]))
+    by_call = {row["call"]: row for row in host_rows}
+    if ALLOCATIONS in by_call and EMPTY_LAUNCH in by_call:
+        floor = by_call[ALLOCATIONS]["ratio_to_add"] + by_call[EMPTY_LAUNCH]["ratio_to_add"]
+        out.append(summary_row("machinery", "(c) host: floor of an allocating op (empty launch + two allocations) "
+                               "/ x.add_(y)", floor, "x"))
     return out
 
 
@@ -324,7 +358,9 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
         write_results(out_dir, "machinery_host", "kgen machinery: host overhead per call", host_rows, HOST_COLUMNS,
                       env, [f"Wall time per call over {options.calls} calls between two synchronisations, median "
                             f"of {options.host_rounds} interleaved loops; v [1, 8, 128] bf16. 'GPU us/call' is one "
-                            f"call captured in a CUDA graph and replayed (device time, for context)."])
+                            f"call captured in a CUDA graph and replayed (device time, for context). The last two rows "
+                            f"are the floor under any op that returns two new tensors and launches through "
+                            f"cuda.core: their sum against add_ is the best ratio such an op can reach."])
         print(markdown_table(host_rows, HOST_COLUMNS))
     return summary + errors
 
