@@ -65,8 +65,8 @@ def _check_lse(name: str, lse, device: torch.device, shape: tuple, what: str) ->
 def _outputs(out, lse_out, shape, dtype: torch.dtype, device_index: int, like_v: torch.Tensor,
              like_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """New results (dtype and device of the inputs ``like_v`` and ``like_lse``), or the caller's after checking them."""
-    # new_empty takes dtype and device from the input in C++: about half the host time of
-    # torch.empty(shape, dtype=..., device=...), which builds a device object in Python.
+    # new_empty takes dtype and device from the input inside torch, with no torch.device
+    # built in Python for each call.
     if out is None and lse_out is None:
         return like_v.new_empty(shape), like_lse.new_empty(shape[:2])
     # One cheap test for the common, valid call; the detailed checks name what is wrong.
