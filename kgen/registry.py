@@ -6,7 +6,9 @@ same family pool their variants, so a user folder can add a head dim or a tile
 size to a built-in family; exactly one file names the family's template and
 entries. When an op asks for a variant, the dispatcher picks among the
 matching ones from the spec alone: those that agree with the family's
-defaults first, then the earliest on the search path.
+defaults first, then the earliest on the search path. An op that chooses per
+call among several configurations (attention's tile shapes) asks for the best
+variant of each, in search-path order, so a user folder's configurations lead.
 """
 
 from __future__ import annotations
@@ -62,13 +64,15 @@ class Family:
         """The variant for these axis values, or an error listing what is supported."""
         return self.preferred(**required)[0]
 
-    def preferred(self, **required: Any) -> list[Variant]:
-        """Every variant with these axis values that agrees best with the spec's defaults, in spec order.
+    def preferred(self, *, group_by: tuple[str, ...] = (), **required: Any) -> list[Variant]:
+        """The variants with these axis values that agree best with the spec's defaults.
 
-        Several remain when the spec lists more than one configuration for the same
-        values (tile shapes for one head dim, say); an op then picks among them.
+        With ``group_by`` (say the tile shape), the defaults choose within each group of
+        variants that share those axes' values, and one variant per group comes back, in
+        search-path order (the first seen of each group leads): an op then picks among
+        the groups itself. Without it, the one best variant comes back.
         """
-        unknown = sorted(set(required) - set(self.axes))
+        unknown = sorted((set(required) | set(group_by)) - set(self.axes))
         if unknown:
             raise UnsupportedVariantError(f"{self.name}: no axis {unknown}; axes: {list(self.axes)}")
         matches = [v for v in self.variants if all(v.param_dict[k] == x for k, x in required.items())]
@@ -81,9 +85,13 @@ class Family:
                     raise UnsupportedVariantError(
                         f"{self.name}: {axis}={value!r} is not supported{where}; supported: {options}")
                 fixed[axis] = value
-        scores = [sum(v.param_dict[k] == x for k, x in self.defaults.items()) for v in matches]
-        best = max(scores)
-        return [v for v, score in zip(matches, scores) if score == best]
+        groups: dict[tuple, list[Variant]] = {}
+        for v in matches:
+            groups.setdefault(tuple(v.param_dict[axis] for axis in group_by), []).append(v)
+        return [max(group, key=self._agreement_with_defaults) for group in groups.values()]
+
+    def _agreement_with_defaults(self, variant: Variant) -> int:
+        return sum(variant.param_dict[k] == x for k, x in self.defaults.items())
 
 
 def _spec_files(folder: Path) -> list[Path]:

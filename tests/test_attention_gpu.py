@@ -152,6 +152,18 @@ def test_long_sequences(length, causal, kernel):
              tail=tail, tile_m=tile_m)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kernel", [k for k in kernels() if k[1] is not None], ids=lambda k: "hd{}-m{}-{}".format(*k))
+def test_every_no_tail_kernel_on_full_tiles(causal, kernel):
+    head_dim, tile_m, tail = kernel
+    lengths = [512, 256, 1024]  # whole tiles of every shape, so the has_incomplete_tile=false twin runs
+    cu = [0, 512, 768, 1792]
+    plan = plan_attention_varlen(cu, cu, head_dim=head_dim, causal=causal, tail=tail, tile_m=tile_m)
+    assert plan.variant.param_dict["has_incomplete_tile"] is False
+    run_case(lengths, lengths, 2, 2, head_dim, torch.float16, causal, (-1, -1), True, seed=tile_m + head_dim,
+             tail=tail, tile_m=tile_m)
+
+
 def test_without_a_plan_the_op_plans_for_itself():
     run_case([100, 0, 33], [90, 5, 70], 2, 2, 64, torch.float16, True, (-1, -1), True, seed=3, use_plan=False)
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kgen import registry
+from kgen import config, registry
 from kgen.registry import UnsupportedVariantError
 from kgen.ops import attention_varlen, plan_attention_varlen
 
@@ -35,10 +35,10 @@ def test_work_list_covers_every_query_tile_longest_first():
     assert tuple(plan.work[0].tolist()) == (0, 2)  # the causal tile with the most keys goes first
 
 
-def tile_heights(head_dim: int) -> list[int]:
+def tile_heights(head_dim: int, **required) -> list[int]:
     """The spec's tile heights for ``head_dim``, in its order of preference."""
     return [v.param_dict["tile_m"] for v in registry.current().family("attention_prefill").preferred(
-        head_dim=head_dim, dtype="bf16", has_incomplete_tile=True)]
+        group_by=("tile_m", "tile_n"), head_dim=head_dim, dtype="bf16", has_incomplete_tile=True, **required)]
 
 
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
@@ -51,6 +51,50 @@ def test_long_sequences_take_the_first_tile_shape_and_short_ones_the_smallest(he
     short = plan_attention_varlen([0, smallest - 1, 2 * smallest - 2], [0, 5, 10], head_dim=head_dim, device="cpu")
     assert short.variant.param_dict["tile_m"] == smallest
     assert short.has_incomplete_tile and short.variant.param_dict["has_incomplete_tile"] is True
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+def test_every_tile_shape_has_its_no_tail_twin_for_full_batches(head_dim):
+    step = 4 * 128  # a multiple of every tile size
+    for tile_m in tile_heights(head_dim):
+        plan = plan_attention_varlen([0, step, 3 * step], [0, step, 3 * step], head_dim=head_dim, device="cpu",
+                                     tile_m=tile_m)
+        params = plan.variant.param_dict
+        assert params["tile_m"] == tile_m and params["has_incomplete_tile"] is False
+        assert (plan.schedule.tile_m, plan.schedule.tile_n) == (params["tile_m"], params["tile_n"])
+
+
+def test_the_cp_async_tail_runs_only_the_shapes_that_offer_it():
+    offered = tile_heights(128, tail="cp_async")
+    assert 128 not in offered  # the spec excludes it at head dim 128: it spills
+    long = plan_attention_varlen([0, 8192], [0, 8192], head_dim=128, device="cpu", tail="cp_async")
+    assert long.variant.param_dict["tile_m"] in offered and long.variant.param_dict["tail"] == "cp_async"
+    with pytest.raises(UnsupportedVariantError, match=r"tile_m=128 is not supported.*supported: \[64\]"):
+        plan_attention_varlen([0, 8192], [0, 8192], head_dim=128, device="cpu", tail="cp_async", tile_m=128)
+
+
+USER_SHAPE = """
+family: attention_prefill
+axes:
+  dtype: [bf16]
+  tail: [tma]
+  has_incomplete_tile: [true, false]
+configs:
+  - {head_dim: 128, tile_m: 128, tile_n: 64, num_warps: 8, min_blocks_per_sm: 1}
+"""
+
+
+def test_a_user_spec_tile_shape_leads_the_planners_preference(tmp_path):
+    (tmp_path / "shape.yaml").write_text(USER_SHAPE.lstrip(), encoding="utf-8")
+    with config.overrides(KGEN_SPEC_PATH=str(tmp_path)):
+        plan = plan_attention_varlen([0, 8192], [0, 8192], head_dim=128, device="cpu")
+        assert (plan.variant.param_dict["tile_m"], plan.variant.param_dict["tile_n"]) == (128, 64)
+        assert plan.variant.spec_path == tmp_path / "shape.yaml"
+        # Short causal prompts still take the built-in 64x64 tiles: the user's shape computes more there.
+        short = plan_attention_varlen([0, 100, 200], [0, 100, 200], head_dim=128, causal=True, device="cpu")
+        assert short.variant.param_dict["tile_m"] == 64
+    assert plan_attention_varlen([0, 8192], [0, 8192], head_dim=128,
+                                 device="cpu").variant.param_dict["tile_n"] == 128
 
 
 def test_a_forced_tile_height_must_be_one_the_spec_lists():

@@ -54,20 +54,25 @@ class AttentionPlan:
         return self.schedule.has_incomplete_tile
 
 
+#: What makes one configuration of a head dim: the planner chooses among these per batch,
+#: the spec's defaults (the tail policy) within each.
+_TILE_SHAPE = ("tile_m", "tile_n", "num_warps", "min_blocks_per_sm")
+
+
 def _tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m: int | None) -> list[Variant]:
-    """The with-tail variants the spec offers for this call, in its order of preference (one per tile shape)."""
+    """The with-tail variant of each tile shape the spec offers for this call, in its order of preference."""
     wanted = {"tail": tail} if tail is not None else {}
     if tile_m is not None:
         wanted["tile_m"] = tile_m
     return registry.current().family(FAMILY).preferred(
-        head_dim=head_dim, dtype=DTYPE_NAMES[dtype], has_incomplete_tile=True, **wanted)
+        group_by=_TILE_SHAPE, head_dim=head_dim, dtype=DTYPE_NAMES[dtype], has_incomplete_tile=True, **wanted)
 
 
 def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: torch.dtype = torch.bfloat16,
                           causal: bool = False, window: tuple[int, int] = (-1, -1),
                           device: torch.device | str | int | None = None, tail: str | None = None,
                           tile_m: int | None = None) -> AttentionPlan:
-    """Plan a batch: tile shape, tile schedule (longest tiles first), maximum lengths, has_incomplete_tile.
+    """Plan a batch: tile shape and schedule (longest tiles first), maximum lengths, has_incomplete_tile.
 
     ``cu_seqlens_q`` / ``cu_seqlens_k`` are host data (lists or CPU tensors) of
     length N+1. ``head_dim`` and ``dtype`` pick the spec's variants; among the tile
