@@ -8,6 +8,7 @@ reasoning with the planner. Nothing here needs a GPU.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -56,6 +57,10 @@ def brute_force_incomplete(seqlens_q: list[int], seqlens_k: list[int], tile_m: i
     return any(short_tile(lq, tile_m) or short_tile(lk, tile_n) for lq, lk in zip(seqlens_q, seqlens_k))
 
 
+def work_items(plan: TileSchedule) -> list[tuple[int, int]]:
+    return [tuple(item) for item in plan.work.tolist()]
+
+
 def check_against_model(seqlens_q: list[int], seqlens_k: list[int], tile_m: int, tile_n: int, causal: bool,
                         window: tuple[int, int]) -> TileSchedule:
     plan = plan_tiles(seqlens_q, seqlens_k, tile_m=tile_m, tile_n=tile_n, causal=causal, window=window)
@@ -68,11 +73,12 @@ def check_against_model(seqlens_q: list[int], seqlens_k: list[int], tile_m: int,
             expected_cost[seq, tile] = expected[1] - expected[0]
 
     # Every query tile exactly once, each with its own cost.
-    assert len(plan.work) == len(plan.num_key_tiles) == len(expected_cost)
-    assert sorted(plan.work) == sorted(expected_cost)
-    assert [expected_cost[item] for item in plan.work] == list(plan.num_key_tiles)
+    items, costs = work_items(plan), plan.num_key_tiles.tolist()
+    assert plan.work.shape == (len(expected_cost), 2) and len(costs) == len(expected_cost)
+    assert sorted(items) == sorted(expected_cost)
+    assert [expected_cost[item] for item in items] == costs
     # Costliest first; equal costs by (seq, tile) ascending.
-    order = [(-cost, item) for cost, item in zip(plan.num_key_tiles, plan.work)]
+    order = [(-cost, item) for cost, item in zip(costs, items)]
     assert all(a < b for a, b in zip(order, order[1:]))
 
     assert plan.total_q == sum(seqlens_q) and plan.total_k == sum(seqlens_k)
@@ -185,8 +191,8 @@ def test_sliding_window_bounds_both_sides():
 
 def test_causal_plan_runs_longest_tiles_first():
     plan = plan_tiles([256, 100], [256, 100], tile_m=64, tile_n=64, causal=True, window=(-1, -1))
-    assert plan.work == ((0, 3), (0, 2), (0, 1), (1, 1), (0, 0), (1, 0))
-    assert plan.num_key_tiles == (4, 3, 2, 2, 1, 1)
+    assert work_items(plan) == [(0, 3), (0, 2), (0, 1), (1, 1), (0, 0), (1, 0)]
+    assert plan.num_key_tiles.tolist() == [4, 3, 2, 2, 1, 1]
     assert (plan.max_seqlen_q, plan.max_seqlen_k, plan.total_q, plan.total_k) == (256, 256, 356, 356)
     assert plan.has_incomplete_tile  # 100 is not a multiple of 64
 
@@ -199,17 +205,18 @@ def test_a_partial_key_tile_alone_needs_the_tail_variant():
 
 def test_queries_without_keys_are_scheduled_with_no_key_tiles():
     plan = plan_tiles([128], [0], tile_m=64, tile_n=64, causal=False, window=(-1, -1))
-    assert plan.work == ((0, 0), (0, 1)) and plan.num_key_tiles == (0, 0)
+    assert work_items(plan) == [(0, 0), (0, 1)] and plan.num_key_tiles.tolist() == [0, 0]
     assert not plan.has_incomplete_tile  # 128 queries fill two tiles; no keys is no partial key tile
 
 
 def test_empty_sequences_are_complete_and_unscheduled():
     plan = plan_tiles([0, 64, 0], [64, 0, 0], tile_m=64, tile_n=64, causal=True, window=(-1, -1))
-    assert plan.work == ((1, 0),) and plan.num_key_tiles == (0,)
+    assert work_items(plan) == [(1, 0)] and plan.num_key_tiles.tolist() == [0]
     assert not plan.has_incomplete_tile
     empty = plan_tiles([], [], tile_m=16, tile_n=16, causal=False, window=(-1, -1))
-    assert empty == TileSchedule(work=(), num_key_tiles=(), max_seqlen_q=0, max_seqlen_k=0, total_q=0, total_k=0,
-                                 has_incomplete_tile=False, tile_m=16, tile_n=16)
+    assert empty.work.shape == (0, 2) and empty.work.dtype == np.int32 and empty.num_key_tiles.shape == (0,)
+    assert (empty.max_seqlen_q, empty.max_seqlen_k, empty.total_q, empty.total_k) == (0, 0, 0, 0)
+    assert not empty.has_incomplete_tile and (empty.tile_m, empty.tile_n) == (16, 16)
 
 
 def test_plan_tiles_refuses_bad_arguments_by_name():

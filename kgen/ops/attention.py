@@ -99,7 +99,7 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     with_tail, schedule = candidates[chosen], schedules[chosen]
     variant = with_tail if schedule.has_incomplete_tile else without_tail(FAMILY, with_tail)
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    work = torch.tensor(schedule.work, dtype=torch.int32).reshape(-1, 2).to(device)
+    work = torch.from_numpy(schedule.work).to(device)
     return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), work, variant)
 
 
