@@ -143,7 +143,7 @@ def test_full_tile_batches_use_the_no_tail_variant(tiles, head_dim, causal, seed
     run_case(seqlens_q, seqlens_k, 2, 2, head_dim, torch.bfloat16, causal, (-1, -1), False, seed)
 
 
-@pytest.mark.parametrize("length", [1, 31, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1023, 1025, 4096])
+@pytest.mark.parametrize("length", [1, 7, 8, 9, 31, 63, 64, 65, 71, 72, 127, 128, 129, 255, 256, 257, 1023, 1025, 4096])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kernel", [k for k in kernels() if k[1] is not None], ids=lambda k: "hd{}-m{}-{}".format(*k))
 def test_long_sequences(length, causal, kernel):
