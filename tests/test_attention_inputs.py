@@ -64,11 +64,13 @@ def test_every_tile_shape_has_its_no_tail_twin_for_full_batches(head_dim):
         assert (plan.schedule.tile_m, plan.schedule.tile_n) == (params["tile_m"], params["tile_n"])
 
 
-@pytest.mark.parametrize("tail", ["cp_async", "tma"])
-def test_the_tail_policy_does_not_change_the_tile_shape(tail):
-    for cu, expected in (([0, 8192], tile_heights(128)[0]), ([0, 100, 200], min(tile_heights(128)))):
-        plan = plan_attention_varlen(cu, cu, head_dim=128, causal=True, device="cpu", tail=tail)
-        assert plan.variant.param_dict["tile_m"] == expected and plan.variant.param_dict["tail"] == tail
+def test_the_cp_async_tail_runs_only_the_shapes_that_offer_it():
+    offered = tile_heights(128, tail="cp_async")
+    assert 128 not in offered  # the spec excludes it at head dim 128: it spills
+    long = plan_attention_varlen([0, 8192], [0, 8192], head_dim=128, device="cpu", tail="cp_async")
+    assert long.variant.param_dict["tile_m"] in offered and long.variant.param_dict["tail"] == "cp_async"
+    with pytest.raises(UnsupportedVariantError, match=r"tile_m=128 is not supported.*supported: \[64\]"):
+        plan_attention_varlen([0, 8192], [0, 8192], head_dim=128, device="cpu", tail="cp_async", tile_m=128)
 
 
 USER_SHAPE = """

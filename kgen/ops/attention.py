@@ -29,8 +29,6 @@ from kgen.ops.attention_plan import TileSchedule, choose_schedule, plan_tiles, s
 FAMILY = "attention_prefill"
 _DTYPES = (torch.bfloat16, torch.float16)
 _LOG2E = 1.4426950408889634
-#: Rows per TMA box in the TMA part of a cp_async-policy tail tile (the template's kRowGroup).
-TAIL_ROW_GROUP = 8
 
 
 @dataclass(frozen=True)
@@ -149,14 +147,6 @@ def _tensor_map(role: str, t: torch.Tensor, rows: int):
     return entry[0]
 
 
-def _tensor_maps_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_rows: int, kv_rows: int) -> list:
-    """Descriptors of q, k and v in boxes of q_rows and kv_rows tokens."""
-    map_q = _tensor_map("q", q, q_rows)
-    if not k.shape[0]:  # with no keys no key tile is ever loaded; the parameters still need descriptors
-        return [map_q, map_q, map_q]
-    return [map_q, _tensor_map("k", k, kv_rows), _tensor_map("v", v, kv_rows)]
-
-
 def _check_rows(name: str, t: torch.Tensor) -> None:
     """cp.async moves 16-byte chunks: the head dim must be contiguous and every row 16-byte aligned."""
     if t.stride(2) != 1:
@@ -246,12 +236,13 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if not scale > 0:  # the kernel takes row maxima of unscaled scores
             raise ValueError(f"softmax_scale: expected a positive number, got {softmax_scale}")
         params = plan.variant.param_dict
-        maps = _tensor_maps_for(q, k, v, params["tile_m"], params["tile_n"])
-        if params["has_incomplete_tile"] and params["tail"] == "cp_async":  # the TMA part of its tail tiles
-            maps += _tensor_maps_for(q, k, v, TAIL_ROW_GROUP, TAIL_ROW_GROUP)
+        map_q = _tensor_map("q", q, params["tile_m"])
+        # With no keys at all no key tile is ever loaded; the parameter still needs a descriptor.
+        map_k, map_v = ((_tensor_map("k", k, params["tile_n"]), _tensor_map("v", v, params["tile_n"])) if total_k
+                        else (map_q, map_q))
         with torch.cuda.device(q.device.index):
             _launcher(q.device.index, plan.variant, q.element_size())(
-                   (num_work, heads_q), *maps,
+                   (num_work, heads_q), map_q, map_k, map_v,
                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
                    cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), plan.work.data_ptr(),
                    0 if sink is None else sink.data_ptr(),
