@@ -758,9 +758,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sweep: tail policies {policies}; boundary pairs "
                   f"{[f'{b} vs {a}' for _, b, a in boundary_pairs(lengths)]}")
         for length in lengths:
-            padded = padded_length(length, sweep_tile(length))
+            tile = sweep_tile(length)
+            padded = padded_length(length, tile)
             print(f"{sweep_name(length)}: N={sweep_seqs(length)}, {sweep_seqs(length) * length} tokens; tile_m "
-                  f"{sweep_tile(length)}, padded L={padded}, {sweep_seqs(length) * padded} tokens")
+                  f"{tile}, padded L={padded}, {sweep_seqs(length) * padded} tokens")
         return 0
     print(markdown_table(run(options.out or default_out_dir(), options), SUMMARY_COLUMNS))
     return 0

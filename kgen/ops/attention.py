@@ -78,8 +78,8 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     length N+1. ``head_dim`` and ``dtype`` pick the spec's variants; among the tile
     shapes it lists for them, the first is used unless it computes many more masked or
     padded scores for this batch than another (see
-    :func:`kgen.ops.attention_plan.choose_schedule`); ``tile_m`` forces one height. The work list is copied to ``device`` (default: the current
-    CUDA device).
+    :func:`kgen.ops.attention_plan.choose_schedule`); ``tile_m`` forces one height.
+    The work list is copied to ``device`` (default: the current CUDA device).
     ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's default tail policy. With
     ``"tma"`` an incomplete tile loads a whole box and masks it, reading the rows that follow
     the sequence in the packed tensors (they must be finite: a NaN there would survive the

@@ -7,7 +7,9 @@ sequence's queries into tiles of ``tile_m`` rows and walks its keys in tiles of
 FlashAttention does when a sequence has more keys than queries) leaves each
 query tile a contiguous run of key tiles, possibly none. The planner computes
 those runs and orders the work so the costliest tiles start first, which keeps
-the last wave of a skewed batch short.
+the last wave of a skewed batch short. Where the spec offers several tile
+shapes, :func:`choose_schedule` picks one per batch from the scores each would
+compute.
 
 Plans are built from host data only: reading ``cu_seqlens`` from the GPU would
 force a device-to-host synchronisation on every call.
