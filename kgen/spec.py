@@ -4,13 +4,18 @@ A spec file declares a kernel family's variant space: axes with allowed values
 (their cross product), optionally crossed with a list of configs (axes set
 together, such as a head dim with its tile shape), exclusions and defaults. Every problem, whatever its
 kind (bad YAML, a wrong type, an unknown key, an exclusion naming an axis the
-file does not have) is raised as :class:`SpecError` carrying the file, the key
-path and the line, so a user never sees a stray traceback from a YAML file.
+file does not have, a cross product over :data:`~kgen.spec_schema.MAX_VARIANTS`)
+is raised as :class:`SpecError` carrying the file, the key path and the line, so
+a user never sees a stray traceback from a YAML file. A :class:`SpecFile` keeps
+the line of each of its keys, so that checks spanning several files (the
+registry's) can point at a line too.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +23,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from kgen.spec_schema import SPEC_SCHEMA
+from kgen.spec_schema import MAX_VARIANTS, SPEC_SCHEMA
 
 # JSON Schema counts 8.0 as an integer; a spec must not (it would render "128.0" into C++).
 _STRICT_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
@@ -26,6 +31,8 @@ _STRICT_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
 _VALIDATOR = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_STRICT_TYPES)(SPEC_SCHEMA)
 #: Aliases can make a tiny file expand to a huge document; refuse anything this large.
 _MAX_EXPANDED_NODES = 100_000
+#: What YAML counts as a line break, to give the line of a byte that is not UTF-8.
+_LINE_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
 
 
 class SpecError(ValueError):
@@ -46,10 +53,21 @@ class SpecFile:
     template: str | None
     entries: tuple[str, ...] | None
     allow_spills: bool
+    #: The oldest arch (``90`` for sm_90) the variants run on; None: any.
+    min_sm: int | None
+    #: Every axis and its values: the axes the configs set, then the ``axes`` lists.
     axes: dict[str, tuple]
+    #: The axes each config sets, in the first config's order; empty without configs.
+    config_axes: tuple[str, ...]
     defaults: dict[str, Any]
     #: Each variant as (axis, value) pairs in axis order, after exclusions.
     assignments: tuple[tuple[tuple[str, Any], ...], ...]
+    #: The line of each top-level key the file gives, and of each ``axes.<name>`` key.
+    lines: dict[str, int]
+
+    def error(self, key: str, problem: str) -> SpecError:
+        """A :class:`SpecError` at ``key`` (a top-level key or ``axes.<name>``), on its line when the file has it."""
+        return SpecError(self.path, key, self.lines.get(key), problem)
 
 
 def _format_path(path) -> str:
@@ -85,6 +103,16 @@ def _line_of(root: yaml.Node, path) -> int | None:
             break
         node = nxt
     return node.start_mark.line + 1
+
+
+def _key_lines(root: yaml.MappingNode) -> dict[str, int]:
+    """The line of each top-level key and of each key under ``axes`` (of a file that passed the schema)."""
+    lines = {}
+    for key, value in root.value:
+        lines[key.value] = key.start_mark.line + 1
+        if key.value == "axes":
+            lines.update((f"axes.{axis.value}", axis.start_mark.line + 1) for axis, _ in value.value)
+    return lines
 
 
 def _children(node: yaml.Node, path: tuple) -> list[tuple[yaml.Node, tuple]]:
@@ -164,10 +192,12 @@ def _schema_error(error: jsonschema.ValidationError, root: yaml.Node, file: Path
 
 
 def _parse(text: str, file: Path) -> tuple[Any, yaml.Node]:
-    root = None
+    """The document's value and its node graph, from one pass of the YAML parser."""
+    root, loader = None, None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        loader = yaml.SafeLoader(text)  # reading starts here: it can refuse a control character
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         raise SpecError(file, "", mark.line + 1 if mark else None, f"invalid YAML: {exc.problem or exc}") from None
@@ -179,9 +209,36 @@ def _parse(text: str, file: Path) -> tuple[Any, yaml.Node]:
         # PyYAML's constructors raise these for a malformed tagged scalar (``!!int abc``).
         line = _unconstructible_line(root) if root is not None else None
         raise SpecError(file, "", line, f"invalid YAML value: {exc}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     if root is None:
         raise SpecError(file, "", None, "empty spec file")
     return data, root
+
+
+def _read_text(file: Path) -> str:
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise SpecError(file, "", None, f"cannot read: {exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = len(_LINE_BREAK.split(raw[:exc.start].decode("utf-8")))  # the prefix before the bad byte is valid
+        raise SpecError(file, "", line, f"not UTF-8 text: byte {exc.start} is {raw[exc.start]:#04x}") from None
+
+
+def _check_size(data: dict, lines: dict[str, int], file: Path) -> None:
+    """Refuse a variant space over the limit from the axis sizes alone, before expanding anything."""
+    sizes = [len(values) for values in data["axes"].values()]
+    configs = len(data.get("configs", [])) or 1
+    count = math.prod(sizes) * configs
+    if count > MAX_VARIANTS:
+        product = " x ".join(map(str, sizes)) + (f", times {configs} configs" if "configs" in data else "")
+        raise SpecError(file, "axes", lines["axes"],
+                        f"declares {count} variants before exclusions (axis sizes {product}); "
+                        f"a family may have at most {MAX_VARIANTS}")
 
 
 def _axis_values(data: dict) -> dict[str, list]:
@@ -228,15 +285,20 @@ def _check_assignment(data: dict, section: str, root: yaml.Node, file: Path) -> 
 
 def _expand(data: dict) -> tuple[tuple[tuple[str, Any], ...], ...]:
     """The cross product of ``axes`` for each config (or once, without configs), less the exclusions."""
-    axes, exclusions = data["axes"], data.get("exclude", [])
-    names = list(axes)
+    axes = data["axes"]
+    # Exclusions grouped by the axes they name, as sets of value tuples: testing a variant
+    # costs one lookup per group, not one comparison per exclusion.
+    excluded: dict[tuple[str, ...], set[tuple]] = {}
+    for exclusion in data.get("exclude", []):
+        names = tuple(sorted(exclusion))
+        excluded.setdefault(names, set()).add(tuple(exclusion[n] for n in names))
     # The configs' axes (the head dim, say) lead each variant's name.
     order = list(_axis_values(data))
     out = []
     for config in data.get("configs") or [{}]:
-        for values in itertools.product(*(axes[n] for n in names)):
-            assignment = dict(zip(names, values), **config)
-            if any(all(assignment[k] == v for k, v in ex.items()) for ex in exclusions):
+        for values in itertools.product(*axes.values()):
+            assignment = dict(zip(axes, values), **config)
+            if any(tuple(assignment[n] for n in names) in rows for names, rows in excluded.items()):
                 continue
             out.append(tuple((axis, assignment[axis]) for axis in order))
     return tuple(out)
@@ -245,15 +307,15 @@ def _expand(data: dict) -> tuple[tuple[tuple[str, Any], ...], ...]:
 def load_spec_file(path: Path | str) -> SpecFile:
     """Read, validate and expand one spec file, or raise :class:`SpecError`."""
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(file, "", None, f"cannot read: {exc}") from None
-    data, root = _parse(text, file)
+    data, root = _parse(_read_text(file), file)
     _check_nodes(root, file)
     error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(data))
     if error is not None:
         raise _schema_error(error, root, file)
+    lines = _key_lines(root)
+    if "template" in data and "entries" not in data:
+        raise SpecError(file, "template", lines["template"], "a spec that names a template must list its entries")
+    _check_size(data, lines, file)
     _check_configs(data, root, file)
     _check_assignment(data, "exclude", root, file)
     _check_assignment(data, "defaults", root, file)
@@ -261,13 +323,17 @@ def load_spec_file(path: Path | str) -> SpecFile:
     if not assignments:
         raise SpecError(file, "exclude", _line_of(root, ("exclude",)), "the exclusions remove every variant")
     entries = data.get("entries")
+    configs = data.get("configs")
     return SpecFile(
         path=file,
         family=data["family"],
         template=data.get("template"),
         entries=tuple(entries) if entries else None,
         allow_spills=data.get("allow_spills", False),
+        min_sm=data.get("min_sm"),
         axes={k: tuple(v) for k, v in _axis_values(data).items()},
+        config_axes=tuple(configs[0]) if configs else (),
         defaults=dict(data.get("defaults", {})),
         assignments=assignments,
+        lines=lines,
     )

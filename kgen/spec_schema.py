@@ -1,21 +1,44 @@
-"""The JSON Schema every kernel spec file must satisfy.
+"""The JSON Schema every kernel spec file must satisfy, and the limits on its size.
 
 Axis names are a closed set so that a typo (``head_dims``) is an error, not a
 silently ignored axis; a new kernel family that needs a new axis adds it here.
+Each axis admits only values that some kernel could use (tile sizes are powers
+of two from 16 to 256, warps per block a power of two up to 16); a template's
+finer constraints are its own ``static_assert``s.
+
+Top-level keys besides the variant space:
+
+``min_sm`` (optional integer, ``major * 10 + minor`` as in ``sm_90``)
+    The oldest GPU architecture the family's variants run on: ``min_sm: 90``
+    for a template that uses TMA. ``kgen build --arch sm_80`` skips such
+    variants (see ``Variant.supports_sm``). Without it a family runs anywhere.
+    Only the file naming the template needs to give it; another file of the
+    family may repeat it, with the same value.
+
+A family declares at most :data:`MAX_VARIANTS` variants: each file's cross
+product (the axis sizes multiplied, times the number of configs, counted
+before exclusions) and the family's pooled variants after merging files. The
+limit is checked before anything is expanded, so a small file cannot make kgen
+build millions of variants; it also bounds ``exclude``, since no file needs
+more exclusions than it has variants.
 """
 
 from __future__ import annotations
 
+#: The most variants one spec file, or one family after merging its files, may declare.
+MAX_VARIANTS = 4096
+
 _positive_int = {"type": "integer", "minimum": 1}
+_power_of_two_tile = {"type": "integer", "enum": [16, 32, 64, 128, 256]}
 
 #: The schema of one value of each axis.
 AXIS_VALUE_SCHEMAS: dict[str, dict] = {
     "head_dim": {"type": "integer", "minimum": 8, "maximum": 512, "multipleOf": 8},
     "dtype": {"enum": ["bf16", "fp16", "fp32"]},
-    "tile_m": {**_positive_int, "maximum": 1024},
-    "tile_n": {**_positive_int, "maximum": 1024},
-    "num_warps": {**_positive_int, "maximum": 32},
-    "num_stages": {**_positive_int, "maximum": 8},
+    "tile_m": _power_of_two_tile,
+    "tile_n": _power_of_two_tile,
+    # Powers of two, so that warps split a power-of-two tile evenly.
+    "num_warps": {"type": "integer", "enum": [1, 2, 4, 8, 16]},
     "min_blocks_per_sm": {**_positive_int, "maximum": 32},
     # How an incomplete tile reaches shared memory: a TMA load of the whole
     # box plus masking, or predicated zero-filling cp.async.
@@ -30,7 +53,7 @@ _identifier = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
 
 
 def _assignment(min_properties: int) -> dict:
-    """An object that gives some axes one value each (an exclusion, the defaults)."""
+    """An object that gives some axes one value each (a config, an exclusion, the defaults)."""
     return {
         "type": "object",
         "properties": AXIS_VALUE_SCHEMAS,
@@ -53,6 +76,8 @@ SPEC_SCHEMA: dict = {
         "template": {"type": "string", "pattern": r"^[\w./-]+\.j2$"},
         "entries": {"type": "array", "items": _identifier, "minItems": 1, "uniqueItems": True},
         "allow_spills": {"type": "boolean"},
+        # sm_50 is the oldest arch NVRTC has targeted; three digits cover sm_100 and later.
+        "min_sm": {"type": "integer", "minimum": 50, "maximum": 999},
         "axes": {
             "type": "object",
             "minProperties": 1,
@@ -64,8 +89,10 @@ SPEC_SCHEMA: dict = {
         },
         # Axes that go together (a head dim with its tile shape): each config is
         # crossed with `axes`, instead of every axis being crossed with every other.
-        "configs": {"type": "array", "items": _assignment(1), "minItems": 1},
-        "exclude": {"type": "array", "items": _assignment(1)},
+        # A repeated config would only repeat its variants.
+        "configs": {"type": "array", "items": _assignment(1), "minItems": 1, "maxItems": MAX_VARIANTS,
+                    "uniqueItems": True},
+        "exclude": {"type": "array", "items": _assignment(1), "maxItems": MAX_VARIANTS},
         "defaults": _assignment(0),
     },
 }
