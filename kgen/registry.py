@@ -4,11 +4,16 @@ Spec folders are searched in order: folders added with :func:`add_spec_path`,
 then ``KGEN_SPEC_PATH``, then the built-in ``specs/``. All files that name the
 same family pool their variants, so a user folder can add a head dim or a tile
 size to a built-in family; exactly one file names the family's template and
-entries. When an op asks for a variant, the dispatcher picks among the
+entries, and the other files must agree with it on the axes, on which axes
+the configs set, and on any family-wide key they repeat (``entries``,
+``allow_spills``, ``min_sm``, ``defaults``). When an op asks for a variant, the dispatcher picks among the
 matching ones from the spec alone: those that agree with the family's
 defaults first, then the earliest on the search path. An op that chooses per
 call among several configurations (attention's tile shapes) asks for the best
 variant of each, in search-path order, so a user folder's configurations lead.
+
+The module keeps one registry, for the current path: switching folders
+replaces it rather than keeping one per folder.
 """
 
 from __future__ import annotations
@@ -18,11 +23,24 @@ from pathlib import Path
 from typing import Any
 
 from kgen import config
-from kgen.spec import SpecError, SpecFile, load_spec_file
+from kgen.spec import SpecFile, load_spec_file
+from kgen.spec_schema import MAX_VARIANTS
 
 
 class UnsupportedVariantError(ValueError):
     """No variant of a family matches what an op asked for."""
+
+
+class SpecPathError(FileNotFoundError, ValueError):
+    """A folder on the spec search path is missing or is not a folder.
+
+    A ``FileNotFoundError`` for :func:`add_spec_path`'s callers, and a
+    ``ValueError`` like every other bad-input error (the CLI exits 2 on those).
+    """
+
+
+#: Family-wide keys: the file naming the template sets them, another may only repeat them.
+_FAMILY_KEYS = ("entries", "allow_spills", "min_sm", "defaults")
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,10 @@ class Variant:
     def param_dict(self) -> dict[str, Any]:
         return dict(self.params)
 
+    def supports_sm(self, sm: int) -> bool:
+        """Whether this variant runs on arch ``sm`` (``90`` for sm_90a): its family's ``min_sm`` allows it."""
+        return self.family.min_sm is None or sm >= self.family.min_sm
+
 
 @dataclass
 class Family:
@@ -53,12 +75,20 @@ class Family:
     axes: tuple[str, ...]
     defaults: dict[str, Any]
     variants: list[Variant] = field(default_factory=list)
+    #: The oldest arch (``90`` for sm_90) the variants run on; None: any.
+    min_sm: int | None = None
+    #: The axes the spec's configs set together (a tile shape), in the spec's order; empty without configs.
+    config_axes: tuple[str, ...] = ()
+
+    def axis_values(self, axis: str, **fixed: Any) -> list:
+        """The values of ``axis`` over the variants that agree with ``fixed``, in search-path and spec order."""
+        values = (v.param_dict[axis] for v in self.variants
+                  if all(v.param_dict.get(k) == x for k, x in fixed.items()))
+        return list(dict.fromkeys(values))
 
     def supported(self, axis: str, **fixed: Any) -> list:
-        """The values of ``axis`` over the variants that agree with ``fixed``."""
-        values = {v.param_dict[axis] for v in self.variants
-                  if all(v.param_dict.get(k) == x for k, x in fixed.items())}
-        return sorted(values, key=lambda x: (type(x).__name__, x))
+        """The values of ``axis`` over the variants that agree with ``fixed``, sorted."""
+        return sorted(self.axis_values(axis, **fixed), key=lambda x: (type(x).__name__, x))
 
     def select(self, **required: Any) -> Variant:
         """The variant for these axis values, or an error listing what is supported."""
@@ -98,42 +128,80 @@ def _spec_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.yaml")) + sorted(folder.glob("*.yml"))
 
 
+def _where(spec: SpecFile, key: str) -> str:
+    line = spec.lines.get(key)
+    return f"{spec.path}:{line}" if line else str(spec.path)
+
+
+def _template_owner(specs: list[SpecFile]) -> SpecFile:
+    """The one file of a family that names its template."""
+    owners = [s for s in specs if s.template is not None]
+    name = specs[0].family
+    if not owners:
+        raise specs[0].error("family", f"family {name!r} needs exactly one spec naming its template; found 0 in "
+                                       f"{[str(s.path) for s in specs]}")
+    if len(owners) > 1:
+        raise owners[1].error("template", f"family {name!r} needs exactly one spec naming its template; found "
+                                          f"{len(owners)} in {[_where(s, 'template') for s in owners]}")
+    return owners[0]
+
+
+def _check_agrees_with_owner(spec: SpecFile, owner: SpecFile) -> None:
+    """A file adding variants to a family must have the family's axes, configs and family-wide keys."""
+    extra = [a for a in spec.axes if a not in owner.axes]
+    missing = [a for a in owner.axes if a not in spec.axes]
+    if extra or missing:
+        key = "axes"
+        if extra:  # the first extra axis's own line, or the configs' line when a config sets it
+            key = f"axes.{extra[0]}" if f"axes.{extra[0]}" in spec.lines else "configs"
+        difference = "".join(f"; {label}: {axes}" for label, axes in (("missing", missing), ("extra", extra)) if axes)
+        raise spec.error(key, f"family {spec.family!r} has axes {sorted(owner.axes)} ({_where(owner, 'axes')}); "
+                              f"this file has {sorted(spec.axes)}{difference}")
+    if set(spec.config_axes) != set(owner.config_axes):
+        raise spec.error("configs" if spec.config_axes else "axes",
+                         f"the configs of family {spec.family!r} set {list(owner.config_axes)} "
+                         f"({_where(owner, 'configs')}); this file's set {list(spec.config_axes)}")
+    for key in _FAMILY_KEYS:
+        if spec is not owner and key in spec.lines and getattr(spec, key) != getattr(owner, key):
+            raise spec.error(key, f"{key} is the same for the whole family and set by the file naming its "
+                                  f"template, {_where(owner, key if key in owner.lines else 'template')}: "
+                                  f"{getattr(owner, key)!r}; this file gives {getattr(spec, key)!r}")
+
+
 class Registry:
     """All families found on a search path."""
 
     def __init__(self, spec_dirs: list[Path]):
         self.spec_dirs = spec_dirs
         self.families: dict[str, Family] = {}
-        specs = [load_spec_file(p) for d in spec_dirs if d.is_dir() for p in _spec_files(d)]
+        for folder in spec_dirs:
+            if not folder.is_dir():
+                problem = "is not a folder" if folder.exists() else "does not exist"
+                raise SpecPathError(f"spec folder {folder} on the spec search path {problem}")
+        specs = [load_spec_file(p) for d in spec_dirs for p in _spec_files(d)]
         for family_name in dict.fromkeys(s.family for s in specs):
             self.families[family_name] = self._merge([s for s in specs if s.family == family_name])
 
     @staticmethod
     def _merge(specs: list[SpecFile]) -> Family:
-        owners = [s for s in specs if s.template is not None]
-        if len(owners) != 1:
-            files = [str(s.path) for s in owners] or [str(s.path) for s in specs]
-            raise SpecError(specs[0].path, "template", None,
-                            f"family {specs[0].family!r} needs exactly one spec naming its template; "
-                            f"found {len(owners)} in {files}")
-        owner = owners[0]
-        if owner.entries is None:
-            raise SpecError(owner.path, "entries", None, "a spec that names a template must list its entries")
+        owner = _template_owner(specs)
         family = Family(
             name=owner.family, template=owner.template, entries=owner.entries,
             template_dirs=(owner.path.parent, config.BUILTIN_TEMPLATE_DIR),
             allow_spills=owner.allow_spills, axes=tuple(owner.axes), defaults=owner.defaults,
+            min_sm=owner.min_sm, config_axes=owner.config_axes,
         )
         seen = set()
         for spec in specs:
-            if set(spec.axes) != set(owner.axes):
-                raise SpecError(spec.path, "axes", None,
-                                f"family {family.name!r} has axes {sorted(owner.axes)}; this file has {sorted(spec.axes)}")
+            _check_agrees_with_owner(spec, owner)
             for assignment in spec.assignments:
                 ordered = tuple((axis, dict(assignment)[axis]) for axis in family.axes)
                 if ordered not in seen:
                     seen.add(ordered)
                     family.variants.append(Variant(family, ordered, spec.path))
+            if len(family.variants) > MAX_VARIANTS:
+                raise spec.error("axes", f"family {family.name!r} reaches {len(family.variants)} variants with "
+                                         f"this file; a family may have at most {MAX_VARIANTS}")
         return family
 
     def family(self, name: str) -> Family:

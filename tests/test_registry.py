@@ -5,17 +5,22 @@ Nothing here needs a GPU: a user variant is rendered and compiled with NVRTC for
 
 from __future__ import annotations
 
+import gc
 import os
 import textwrap
+import weakref
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kgen import config, registry
 from kgen.compiler import compile_cubin
-from kgen.registry import Registry, UnsupportedVariantError
+from kgen.registry import Registry, SpecPathError, UnsupportedVariantError
 from kgen.render import render
 from kgen.spec import SpecError, load_spec_file
+from kgen.spec_schema import MAX_VARIANTS
 
 FAMILY = "merge_attention_states"
 BUILTIN_SPEC = config.BUILTIN_SPEC_DIR / f"{FAMILY}.yaml"
@@ -121,10 +126,16 @@ def test_families_merge_across_files_and_folders(tmp_path):
     assert demo.supported("tail", num_warps=8) == ["tma"]
 
 
-def test_missing_folders_on_the_path_are_skipped(tmp_path):
+def test_a_missing_folder_or_a_file_on_the_path_is_refused(tmp_path):
     folder = make_folder(tmp_path, "specs", {"x.yaml": "family: x\ntemplate: x.cu.j2\nentries: [k]\naxes: {num_warps: [1]}\n"})
-    reg = Registry([tmp_path / "does_not_exist", folder])
-    assert list(reg.families) == ["x"]
+    assert list(Registry([folder]).families) == ["x"]
+    missing = tmp_path / "does_not_exist"
+    with pytest.raises(SpecPathError, match=f"spec folder {missing} on the spec search path does not exist"):
+        Registry([missing, folder])
+    with pytest.raises(SpecPathError, match="is not a folder"):
+        Registry([folder, folder / "x.yaml"])
+    # add_spec_path's callers catch FileNotFoundError; the CLI turns every ValueError into exit code 2.
+    assert issubclass(SpecPathError, FileNotFoundError) and issubclass(SpecPathError, ValueError)
 
 
 def test_unknown_family_lists_the_known_ones(tmp_path):
@@ -140,7 +151,9 @@ def test_two_files_naming_a_template_for_one_family_are_refused(tmp_path):
     })
     with pytest.raises(SpecError, match="exactly one spec naming its template; found 2") as info:
         Registry([folder])
-    assert "one.yaml" in str(info.value) and "two.yaml" in str(info.value)
+    # The second file's template line, naming the first's.
+    assert info.value.file == str(folder / "two.yaml") and info.value.line == 2
+    assert f"{folder / 'one.yaml'}:2" in str(info.value) and f"{folder / 'two.yaml'}:2" in str(info.value)
     assert info.value.key_path == "template"
 
 
@@ -155,14 +168,14 @@ def test_family_without_a_template_is_refused(tmp_path):
     folder = make_folder(tmp_path, "specs", {"lonely.yaml": "family: lonely\naxes: {num_warps: [1]}\n"})
     with pytest.raises(SpecError, match="found 0") as info:
         Registry([folder])
-    assert "lonely.yaml" in str(info.value)
+    assert str(info.value).startswith(f"{folder / 'lonely.yaml'}:1: family: ")
 
 
 def test_template_owner_must_list_entries(tmp_path):
     folder = make_folder(tmp_path, "specs", {"demo.yaml": "family: demo\ntemplate: a.cu.j2\naxes: {num_warps: [1]}\n"})
     with pytest.raises(SpecError, match="must list its entries") as info:
         Registry([folder])
-    assert info.value.key_path == "entries"
+    assert info.value.key_path == "template" and info.value.line == 2
 
 
 def test_mismatched_axes_across_files_are_refused(tmp_path):
@@ -170,10 +183,20 @@ def test_mismatched_axes_across_files_are_refused(tmp_path):
         "a_owner.yaml": "family: demo\ntemplate: a.cu.j2\nentries: [k]\naxes: {num_warps: [1], tail: [tma]}\n",
         "b_extra.yaml": "family: demo\naxes: {num_warps: [2]}\n",
     })
-    with pytest.raises(SpecError, match=r"has axes \['num_warps', 'tail'\]; this file has \['num_warps'\]") as info:
+    with pytest.raises(SpecError) as info:
         Registry([folder])
-    assert info.value.file.endswith("b_extra.yaml")
-    assert info.value.key_path == "axes"
+    assert str(info.value) == (f"{folder / 'b_extra.yaml'}:2: axes: family 'demo' has axes ['num_warps', 'tail'] "
+                               f"({folder / 'a_owner.yaml'}:4); this file has ['num_warps']; missing: ['tail']")
+
+
+def test_an_extra_axis_is_reported_on_its_own_line(tmp_path):
+    folder = make_folder(tmp_path, "specs", {
+        "a_owner.yaml": "family: demo\ntemplate: a.cu.j2\nentries: [k]\naxes: {num_warps: [1]}\n",
+        "b_extra.yaml": "family: demo\naxes:\n  num_warps: [2]\n  tail: [tma]\n",
+    })
+    with pytest.raises(SpecError, match=r"; extra: \['tail'\]$") as info:
+        Registry([folder])
+    assert info.value.key_path == "axes.tail" and info.value.line == 4
 
 
 def test_a_user_file_with_different_axes_than_the_builtin_is_refused(tmp_path):
@@ -366,3 +389,159 @@ def test_a_user_family_uses_the_template_next_to_its_spec(tmp_path):
     assert family.template_dirs[0] == folder.resolve()
     source = render(family.select(num_warps=2))
     assert source == "// kgen: shadow[num_warps=2]\n// user template, 64 threads, shadow\n"
+
+
+# --------------------------------------------------------------------------- what a family keeps from its specs
+
+OWNER_WITH_CONFIGS = """
+family: demo
+template: demo.cu.j2
+entries: [k]
+min_sm: 90
+axes:
+  dtype: [bf16, fp16]
+configs:
+  - {head_dim: 128, tile_m: 128, tile_n: 64}
+  - {head_dim: 128, tile_m: 64, tile_n: 64}
+  - {head_dim: 64, tile_m: 64, tile_n: 32}
+"""
+
+
+def test_a_family_keeps_its_config_axes_and_min_sm(tmp_path):
+    family = Registry([make_folder(tmp_path, "specs", {"demo.yaml": OWNER_WITH_CONFIGS})]).family("demo")
+    assert family.config_axes == ("head_dim", "tile_m", "tile_n")
+    assert family.min_sm == 90
+    # Grouping by the config axes gives one variant per config, in spec order.
+    assert [v.param_dict["tile_m"] for v in family.preferred(group_by=family.config_axes, head_dim=128)] == [128, 64]
+    plain = Registry([make_folder(tmp_path, "plain", {"p.yaml": "family: p\ntemplate: p.cu.j2\nentries: [k]\n"
+                                                                "axes: {num_warps: [1]}\n"})]).family("p")
+    assert plain.config_axes == () and plain.min_sm is None
+
+
+def test_the_builtin_attention_family_groups_by_its_tile_shape():
+    family = registry.current().family("attention_prefill")
+    assert family.config_axes == ("head_dim", "tile_m", "tile_n", "num_warps", "min_blocks_per_sm")
+    assert family.axis_values("dtype") == ["bf16", "fp16"]
+
+
+def test_axis_values_keep_search_path_and_spec_order(tmp_path):
+    first = make_folder(tmp_path, "first", {"demo.yaml": OWNER_WITH_CONFIGS})
+    second = make_folder(tmp_path, "second", {"more.yaml": """
+        family: demo
+        axes: {dtype: [fp32, bf16]}
+        configs: [{head_dim: 256, tile_m: 16, tile_n: 64}, {head_dim: 32, tile_m: 16, tile_n: 16}]
+        """})
+    family = Registry([second, first]).family("demo")
+    assert family.axis_values("head_dim") == [256, 32, 128, 64]
+    assert family.axis_values("tile_m", head_dim=128) == [128, 64]
+    assert family.axis_values("dtype") == ["fp32", "bf16", "fp16"]
+    assert family.supported("dtype") == ["bf16", "fp16", "fp32"]  # sorted
+    assert family.axis_values("dtype", head_dim=512) == []
+
+
+@given(min_sm=st.none() | st.integers(50, 999), sm=st.integers(0, 2000))
+def test_a_variant_supports_an_arch_at_or_above_its_familys_min_sm(min_sm, sm):
+    family = registry.Family(name="f", template="f.cu.j2", entries=("k",), template_dirs=(), allow_spills=False,
+                             axes=("num_warps",), defaults={}, min_sm=min_sm)
+    variant = registry.Variant(family, (("num_warps", 4),), Path("f.yaml"))
+    assert variant.supports_sm(sm) is (min_sm is None or sm >= min_sm)
+
+
+# --------------------------------------------------------------------------- files of a family must agree
+
+ADD_CONFIG = """
+family: demo
+axes: {dtype: [bf16]}
+configs: [{head_dim: 256, tile_m: 64, tile_n: 64}]
+"""
+
+
+@pytest.mark.parametrize("text,key,line,fragment", [
+    # The configs set other axes than the owner's: an axis moved between configs and axes.
+    ("family: demo\naxes: {dtype: [bf16], tile_n: [64]}\nconfigs: [{head_dim: 256, tile_m: 64}]\n",
+     "configs", 3, "the configs of family 'demo' set ['head_dim', 'tile_m', 'tile_n']"),
+    ("family: demo\naxes: {dtype: [bf16], head_dim: [256], tile_m: [64], tile_n: [64]}\n",
+     "axes", 2, "this file's set []"),
+    # Family-wide keys repeated with another value.
+    (ADD_CONFIG + "min_sm: 80\n", "min_sm", 4, "min_sm is the same for the whole family"),
+    (ADD_CONFIG + "entries: [other]\n", "entries", 4, "('k',); this file gives ('other',)"),
+    (ADD_CONFIG + "allow_spills: true\n", "allow_spills", 4, "False; this file gives True"),
+    (ADD_CONFIG + "defaults: {dtype: bf16}\n", "defaults", 4, "{}; this file gives {'dtype': 'bf16'}"),
+    # A config axis the family lacks: the configs line.
+    ("family: demo\naxes: {dtype: [bf16]}\nconfigs: [{head_dim: 256, tile_m: 64, tile_n: 64, num_warps: 4}]\n",
+     "configs", 3, "extra: ['num_warps']"),
+], ids=["config-axis-in-axes", "no-configs", "min_sm", "entries", "allow_spills", "defaults", "extra-config-axis"])
+def test_a_file_that_disagrees_with_the_owner_is_refused_on_its_line(tmp_path, text, key, line, fragment):
+    owner = make_folder(tmp_path, "owner", {"demo.yaml": OWNER_WITH_CONFIGS})
+    user = make_folder(tmp_path, "user", {"user.yaml": text})
+    with pytest.raises(SpecError) as info:
+        Registry([user, owner])
+    assert info.value.file == str(user / "user.yaml")
+    assert (info.value.key_path, info.value.line) == (key, line)
+    assert fragment in str(info.value)
+    assert str(owner / "demo.yaml") in str(info.value)  # where the family's own value is
+
+
+def test_a_file_may_repeat_the_familys_keys_and_order_its_config_axes_freely(tmp_path):
+    owner = make_folder(tmp_path, "owner", {"demo.yaml": OWNER_WITH_CONFIGS})
+    user = make_folder(tmp_path, "user", {"user.yaml": """
+        family: demo
+        min_sm: 90
+        entries: [k]
+        allow_spills: false
+        axes: {dtype: [bf16]}
+        configs: [{tile_n: 64, tile_m: 64, head_dim: 256}]
+        """})
+    family = Registry([user, owner]).family("demo")
+    assert family.config_axes == ("head_dim", "tile_m", "tile_n")  # the owner's order
+    assert family.variants[0].params == (("head_dim", 256), ("tile_m", 64), ("tile_n", 64), ("dtype", "bf16"))
+
+
+# --------------------------------------------------------------------------- the family variant limit
+
+
+def spec_with_head_dims(head_dims, *, owner: bool) -> str:
+    lines = ["family: wide"] + (["template: w.cu.j2", "entries: [k]"] if owner else [])
+    return "\n".join(lines + ["axes:", f"  head_dim: {list(head_dims)}", f"  min_blocks_per_sm: {list(range(1, 33))}",
+                              "  has_incomplete_tile: [true, false]", ""])
+
+
+@given(first=st.integers(1, 64), second=st.integers(1, 64), overlap=st.integers(0, 64))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_family_over_the_limit_after_merging_is_refused_on_the_file_that_passes_it(tmp_path_factory, first, second,
+                                                                                      overlap):
+    """Each file is 64 variants per head dim; a head dim both files list counts once."""
+    head_dims = list(range(8, 513, 8))
+    overlap = min(overlap, first, second)
+    own = head_dims[:first]
+    added = head_dims[first - overlap:first - overlap + second]
+    root = tmp_path_factory.mktemp("limit")
+    owner = make_folder(root, "owner", {"w.yaml": spec_with_head_dims(own, owner=True)})
+    user = make_folder(root, "user", {"more.yaml": spec_with_head_dims(added, owner=False)})
+    total = 64 * len(set(own) | set(added))
+    if total <= MAX_VARIANTS:
+        assert len(Registry([owner, user]).family("wide").variants) == total
+        return
+    with pytest.raises(SpecError, match=f"family 'wide' reaches {total} variants with this file; "
+                                        f"a family may have at most {MAX_VARIANTS}") as info:
+        Registry([owner, user])
+    assert info.value.file == str(user / "more.yaml") and (info.value.key_path, info.value.line) == ("axes", 2)
+
+
+# --------------------------------------------------------------------------- module state
+
+
+def test_switching_folders_keeps_one_registry_and_drops_the_old_ones(tmp_path):
+    """The module holds the registry of the current path only: nothing piles up per folder."""
+    seen = []
+    for index in range(5):
+        folder = make_folder(tmp_path, f"user{index}", {"extra_head_dims.yaml": USER_HEAD_DIM_80})
+        with config.overrides(KGEN_SPEC_PATH=str(folder)):
+            seen.append(weakref.ref(registry.current()))
+            assert registry._current[0] == (folder, config.BUILTIN_SPEC_DIR)
+    gc.collect()
+    assert all(ref() is None for ref in seen[:-1])  # the last may still be current until the next rebuild
+    registry.current()
+    gc.collect()
+    assert seen[-1]() is None
+    assert registry._extra_dirs == []  # KGEN_SPEC_PATH folders are never added to the module's list
