@@ -174,11 +174,14 @@ class Registry:
     def __init__(self, spec_dirs: list[Path]):
         self.spec_dirs = spec_dirs
         self.families: dict[str, Family] = {}
+        # A folder listed twice (the built-in one in KGEN_SPEC_PATH, say) is searched once, where it first appears.
+        folders: dict[Path, Path] = {}
         for folder in spec_dirs:
             if not folder.is_dir():
                 problem = "is not a folder" if folder.exists() else "does not exist"
                 raise SpecPathError(f"spec folder {folder} on the spec search path {problem}")
-        specs = [load_spec_file(p) for d in spec_dirs for p in _spec_files(d)]
+            folders.setdefault(folder.resolve(), folder)
+        specs = [load_spec_file(p) for d in folders.values() for p in _spec_files(d)]
         for family_name in dict.fromkeys(s.family for s in specs):
             self.families[family_name] = self._merge([s for s in specs if s.family == family_name])
 

@@ -138,6 +138,15 @@ def test_a_missing_folder_or_a_file_on_the_path_is_refused(tmp_path):
     assert issubclass(SpecPathError, FileNotFoundError) and issubclass(SpecPathError, ValueError)
 
 
+def test_a_folder_listed_twice_is_searched_once_where_it_first_appears(tmp_path):
+    first = make_folder(tmp_path, "first", {"x.yaml": "family: x\ntemplate: x.cu.j2\nentries: [k]\naxes: {num_warps: [1]}\n"})
+    second = make_folder(tmp_path, "second", {"x.yaml": "family: x\naxes: {num_warps: [1, 2]}\n"})
+    family = Registry([second, first, second / ".." / "second"]).family("x")
+    assert [v.spec_path for v in family.variants] == [second / "x.yaml", second / "x.yaml"]
+    with config.overrides(KGEN_SPEC_PATH=str(config.BUILTIN_SPEC_DIR)):
+        assert FAMILY in registry.current().families  # not two files naming its template
+
+
 def test_unknown_family_lists_the_known_ones(tmp_path):
     folder = make_folder(tmp_path, "specs", {"x.yaml": "family: x\ntemplate: x.cu.j2\nentries: [k]\naxes: {num_warps: [1]}\n"})
     with pytest.raises(UnsupportedVariantError, match=r"no kernel family 'y'.*families: \['x'\]"):
