@@ -15,6 +15,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -226,6 +227,21 @@ SUMMARY_COLUMNS: list[Column] = [
 def summary_row(benchmark: str, metric: str, value: float | None, unit: str,
                 bar: str = "", result: str = "") -> dict[str, Any]:
     return {"benchmark": benchmark, "metric": metric, "value": value, "unit": unit, "bar": bar, "verdict": result}
+
+
+def attempt(benchmark: str, label: str, errors: list[dict[str, Any]], fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or None after printing the traceback and adding an ERROR row to ``errors``.
+
+    A benchmark wraps each measured part in this, so one crash costs that part's
+    numbers and never the rest of a GPU run.
+    """
+    try:
+        return fn(*args)
+    except Exception as exc:
+        traceback.print_exc()
+        errors.append(summary_row(benchmark, f"{label} crashed: {type(exc).__name__}: {exc}"[:300], None, "", "",
+                                  "ERROR"))
+        return None
 
 
 def standalone_parser(doc: str | None, add_arguments: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:

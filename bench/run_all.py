@@ -1,4 +1,4 @@
-"""Every kgen GPU benchmark in one process: machinery first, then merge bandwidth, then attention; a short summary last.
+"""Every kgen GPU benchmark in one process: machinery, host cost, merge bandwidth, attention, the sweep; a summary last.
 
 Writes into ``--out`` (default ``$OUT``, else ``bench/results/latest``): each
 benchmark's ``*.json`` and ``*.md``, ``summary.json``, ``SUMMARY.md`` and
@@ -20,14 +20,19 @@ from typing import Any, Callable, TextIO
 
 # common first: it puts the repository root on sys.path, so kgen imports without PYTHONPATH.
 import common
+import attention_common
+import bench_attention
+import bench_attention_sweep
+import bench_host
 import bench_machinery
 import bench_merge_states
-import bench_attention
 
 BENCHMARKS: list[tuple[str, Callable[[Path, argparse.Namespace], list[dict[str, Any]]]]] = [
     ("machinery", bench_machinery.run),
+    ("host", bench_host.run),
     ("merge", bench_merge_states.run),
     ("attention", bench_attention.run),
+    ("attention sweep", bench_attention_sweep.run),
 ]
 
 
@@ -55,9 +60,9 @@ class Tee:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT or bench/results/latest)")
-    bench_machinery.add_arguments(parser)
+    bench_host.add_arguments(parser)
     bench_merge_states.add_arguments(parser)
-    bench_attention.add_arguments(parser)
+    attention_common.add_arguments(parser)  # both attention benchmarks' options
     return parser.parse_args(argv)
 
 
