@@ -6,14 +6,16 @@ same family pool their variants, so a user folder can add a head dim or a tile
 size to a built-in family; exactly one file names the family's template and
 entries, and the other files must agree with it on the axes, on which axes
 the configs set, and on any family-wide key they repeat (``entries``,
-``allow_spills``, ``min_sm``, ``defaults``). When an op asks for a variant, the dispatcher picks among the
-matching ones from the spec alone: those that agree with the family's
-defaults first, then the earliest on the search path. An op that chooses per
-call among several configurations (attention's tile shapes) asks for the best
-variant of each, in search-path order, so a user folder's configurations lead.
+``allow_spills``, ``min_sm``, ``defaults``). When an op asks for a variant,
+the dispatcher picks among the matching ones from the spec alone: those that
+agree with the family's defaults first, then the earliest on the search path.
+An op that chooses per call among several configurations (attention's tile
+shapes) asks for the best variant of each, in search-path order, so a user
+folder's configurations lead.
 
 The module keeps one registry, for the current path: switching folders
-replaces it rather than keeping one per folder.
+replaces it rather than keeping one per folder. The only list that grows is
+that of the folders a caller adds with :func:`add_spec_path`, each once.
 """
 
 from __future__ import annotations
@@ -128,6 +130,12 @@ def _spec_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.yaml")) + sorted(folder.glob("*.yml"))
 
 
+def _check_folder(folder: Path, where: str = "") -> None:
+    if not folder.is_dir():
+        problem = "is not a folder" if folder.exists() else "does not exist"
+        raise SpecPathError(f"spec folder {folder} {where}{problem}")
+
+
 def _where(spec: SpecFile, key: str) -> str:
     line = spec.lines.get(key)
     return f"{spec.path}:{line}" if line else str(spec.path)
@@ -177,9 +185,7 @@ class Registry:
         # A folder listed twice (the built-in one in KGEN_SPEC_PATH, say) is searched once, where it first appears.
         folders: dict[Path, Path] = {}
         for folder in spec_dirs:
-            if not folder.is_dir():
-                problem = "is not a folder" if folder.exists() else "does not exist"
-                raise SpecPathError(f"spec folder {folder} on the spec search path {problem}")
+            _check_folder(folder, "on the spec search path ")
             folders.setdefault(folder.resolve(), folder)
         specs = [load_spec_file(p) for d in folders.values() for p in _spec_files(d)]
         for family_name in dict.fromkeys(s.family for s in specs):
@@ -232,8 +238,7 @@ def spec_path() -> list[Path]:
 def add_spec_path(folder: str | Path) -> None:
     """Search ``folder`` for specs too (before ``KGEN_SPEC_PATH`` and the built-ins)."""
     path = Path(folder).expanduser().resolve()
-    if not path.is_dir():
-        raise FileNotFoundError(f"spec folder {path} does not exist")
+    _check_folder(path)
     if path in _extra_dirs:
         return
     _extra_dirs.insert(0, path)

@@ -362,8 +362,11 @@ def test_add_spec_path_comes_before_kgen_spec_path_before_builtins(tmp_path):
 
 def test_add_spec_path_refuses_bad_folders_and_keeps_the_path(tmp_path):
     before = list(registry._extra_dirs)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="missing does not exist"):
         registry.add_spec_path(tmp_path / "missing")
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SpecPathError, match="a_file is not a folder"):
+        registry.add_spec_path(tmp_path / "a_file")
     bad = make_folder(tmp_path, "bad", {"bad.yaml": "family: demo\naxes: {head_dims: [64]}\n"})
     with pytest.raises(SpecError, match="head_dims"):
         registry.add_spec_path(bad)
