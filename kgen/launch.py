@@ -3,32 +3,57 @@
 The hot path is a few dictionary look-ups and ``cuda.core.launch``: stream
 wrappers and launch configurations are cached, so a repeated call allocates
 nothing on the host and never synchronises with the device (and so can be
-captured in a CUDA graph).
+captured in a CUDA graph). This module is the one place that touches private
+torch and cuda.core names; each is named once below, with why.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from typing import Sequence
+
+import numpy as np
 import torch
 from cuda.bindings import driver
 from cuda.core import Kernel, LaunchConfig, Stream, launch
 
+# The swizzle enum is documented with TensorMapDescriptor, but cuda.core 1.2.0 exports both only from here.
+from cuda.core._tensor_map import TensorMapDescriptor, TensorMapSwizzle  # noqa: F401  (TensorMapSwizzle: for kgen.tma)
+
+from kgen.layout import Parameter
+
 #: Above this, a kernel must opt in to dynamic shared memory (cuFuncSetAttribute).
 DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
 _MAX_CACHED_CONFIGS = 4096
+_MAX_CACHED_STREAMS = 64
 
-_streams: dict[int, Stream] = {}
 # torch.cuda.current_stream() builds a Python Stream object per call (about
 # 1 us); the raw handle is what cuda.core needs, and it is what Triton reads too.
-# (Absent from CPU-only torch builds, where no kernel is ever launched.)
+# torch.cuda.current_device() runs a lazy-init check per call; this reads the index alone.
+# (Both are absent from CPU-only torch builds, where no kernel is ever launched.)
 _raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+
+_streams: OrderedDict[int, Stream] = OrderedDict()
+
+#: Bytes each kind of parameter occupies in the kernel's parameter buffer.
+_PARAMETER_BYTES = {"pointer": 8, "int64": 8, "float32": 4, "tensor_map": 128}
+#: What a Python caller passes for each kind.
+_PARAMETER_TYPES = {"pointer": (int,), "int64": (int,), "float32": (np.float32,), "tensor_map": (TensorMapDescriptor,)}
+
+
+def current_device() -> int:
+    return _current_device()
 
 
 def current_stream(device_index: int) -> Stream:
-    """The cuda.core view of torch's current stream on ``device_index``, cached per raw handle."""
+    """The cuda.core view of torch's current stream on ``device_index``, cached per raw handle (LRU)."""
     handle = _raw_current_stream(device_index)
     stream = _streams.get(handle)
     if stream is None:
         stream = _streams[handle] = Stream.from_handle(handle)
+        if len(_streams) > _MAX_CACHED_STREAMS:
+            _streams.popitem(last=False)
     return stream
 
 
@@ -38,19 +63,46 @@ def _check(result) -> None:
         raise RuntimeError(f"CUDA driver call failed: {err}")
 
 
-class KernelLauncher:
-    """One kernel on one device, with a fixed block shape and dynamic shared memory size."""
+class LaunchArgumentError(TypeError):
+    """A launch's arguments do not match the kernel entry's declared parameters."""
 
-    def __init__(self, kernel: Kernel, device_index: int, threads: int, dynamic_smem: int = 0):
+
+class KernelLauncher:
+    """One kernel entry on one device, with the block size, dynamic shared memory and parameters its layout gives."""
+
+    def __init__(self, kernel: Kernel, device_index: int, threads: int, dynamic_smem: int,
+                 parameters: Sequence[Parameter], name: str):
         self.kernel = kernel
         self.device_index = device_index
         self.threads = threads
         self.dynamic_smem = dynamic_smem
+        self.parameters = tuple(parameters)
+        self.name = name
         self._configs: dict[int | tuple, LaunchConfig] = {}
+        self._checked_call = False
+        self._check_signature()
         if dynamic_smem > DEFAULT_DYNAMIC_SMEM_LIMIT:
             _check(driver.cuKernelSetAttribute(
                 driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 dynamic_smem, kernel.handle, device_index))
+
+    def _check_signature(self) -> None:
+        """The compiled entry's parameter sizes, as the driver reads them from the cubin, must be the declared ones."""
+        actual = [info.size for info in self.kernel.arguments_info]
+        declared = [_PARAMETER_BYTES[p.kind] for p in self.parameters]
+        if actual != declared:
+            raise LaunchArgumentError(f"{self.name}: the cubin's parameters are {len(actual)} of sizes {actual}; "
+                                      f"kgen/layout.py declares {len(declared)} of sizes {declared}")
+
+    def _check_arguments(self, args: tuple) -> None:
+        if len(args) != len(self.parameters):
+            raise LaunchArgumentError(f"{self.name}: expected {len(self.parameters)} arguments "
+                                      f"({', '.join(p.name for p in self.parameters)}), got {len(args)}")
+        for parameter, value in zip(self.parameters, args):
+            allowed = _PARAMETER_TYPES[parameter.kind]
+            if isinstance(value, bool) or not isinstance(value, allowed):
+                raise LaunchArgumentError(f"{self.name}: parameter {parameter.name} ({parameter.ctype}) takes "
+                                          f"{' or '.join(t.__name__ for t in allowed)}, got {type(value).__name__}")
 
     def _new_config(self, grid: int | tuple) -> LaunchConfig:
         if len(self._configs) >= _MAX_CACHED_CONFIGS:
@@ -59,9 +111,18 @@ class KernelLauncher:
         return config
 
     def __call__(self, grid: int | tuple, *args) -> None:
-        """Launch on ``grid`` on torch's current stream; ``args`` are int pointers, Python ints (64-bit) or numpy scalars.
+        """Launch on ``grid`` on torch's current stream of this launcher's device.
 
-        The caller makes this launcher's device the current one.
+        ``args`` follow the entry's parameters: Python ints for pointers and 64-bit
+        integers, ``np.float32`` for floats, tensor-map descriptors. Their count is
+        checked on every call, their types on the first.
         """
+        if len(args) != len(self.parameters) or not self._checked_call:
+            self._check_arguments(args)
+            self._checked_call = True
         config = self._configs.get(grid) or self._new_config(grid)
-        launch(current_stream(self.device_index), config, self.kernel, *args)
+        if _current_device() == self.device_index:
+            launch(current_stream(self.device_index), config, self.kernel, *args)
+        else:
+            with torch.cuda.device(self.device_index):
+                launch(current_stream(self.device_index), config, self.kernel, *args)

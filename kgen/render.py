@@ -4,6 +4,8 @@ Shared device headers (``templates/common/*.cuh``) are pulled in with Jinja's
 ``{% include %}``, so the rendered text is self-contained: what ``kgen render``
 prints is byte for byte what is compiled and what the cache key hashes.
 Undefined template variables are errors (``StrictUndefined``), never empty text.
+A family with a host-side layout (:mod:`kgen.layout`) gets it as ``layout``, so
+its template can assert that its own layout agrees.
 """
 
 from __future__ import annotations
@@ -13,17 +15,18 @@ from pathlib import Path
 
 import jinja2
 
+from kgen.dtypes import ELEMENT_TYPES
+from kgen.layout import layout_of
 from kgen.registry import Variant
-
-#: C++ spellings of the spec's dtype names.
-CUDA_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 
 
 class RenderError(RuntimeError):
     """A template could not be rendered (syntax error, undefined variable, missing file)."""
 
 
-@functools.lru_cache(maxsize=None)
+# One environment per template search path (a family's spec folder, then the built-ins);
+# bounded, so that a process cycling through many spec folders does not keep them all.
+@functools.lru_cache(maxsize=32)
 def _environment(template_dirs: tuple[Path, ...]) -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(d) for d in template_dirs]),
@@ -39,9 +42,10 @@ def render(variant: Variant) -> str:
     """The CUDA source of ``variant``."""
     family = variant.family
     params = variant.param_dict
-    context = dict(params, family=family.name, variant_name=variant.name, entries=family.entries)
+    context = dict(params, family=family.name, variant_name=variant.name, entries=family.entries,
+                   layout=layout_of(variant))
     if "dtype" in params:
-        context["cuda_type"] = CUDA_TYPES[params["dtype"]]
+        context["cuda_type"] = ELEMENT_TYPES[params["dtype"]].cuda
     try:
         template = _environment(family.template_dirs).get_template(family.template)
         body = template.render(**context)

@@ -73,13 +73,26 @@ def reference(q, k, v, seqlens_q, seqlens_k, window, sink, scale):
     return out, lse
 
 
+def poison_sequence(q, k, v, seqlens_q, seqlens_k, index):
+    """Fill sequence ``index``'s rows with NaN (q, k) and +-Inf (v): no other sequence may see them."""
+    q0, k0 = sum(seqlens_q[:index]), sum(seqlens_k[:index])
+    q[q0:q0 + seqlens_q[index]] = float("nan")
+    k[k0:k0 + seqlens_k[index]] = float("nan")
+    v[k0:k0 + seqlens_k[index]] = float("inf")
+    v[k0:k0 + seqlens_k[index], :, 1::2] = float("-inf")
+
+
 def run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, dtype, causal, window, use_sink, seed, use_plan=True,
-             tail=None, tile_m=None):
+             tail=None, tile_m=None, poisoned=None):
+    """One batch against the float64 reference; with ``poisoned`` (a sequence index), that sequence's
+    inputs are NaN/Inf and every other sequence must still match exactly as without it."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     total_q, total_k, heads_q = sum(seqlens_q), sum(seqlens_k), heads_kv * group
     q = torch.randn((total_q, heads_q, head_dim), generator=gen, device="cuda").to(dtype)
     k = torch.randn((total_k, heads_kv, head_dim), generator=gen, device="cuda").to(dtype)
     v = torch.randn((total_k, heads_kv, head_dim), generator=gen, device="cuda").to(dtype)
+    if poisoned is not None:
+        poison_sequence(q, k, v, seqlens_q, seqlens_k, poisoned)
     sink = torch.randn((heads_q,), generator=gen, device="cuda") * 2 if use_sink else None
     cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0).tolist()), dtype=torch.int32)
     cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0).tolist()), dtype=torch.int32)
@@ -96,6 +109,11 @@ def run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, dtype, causal, win
     torch.cuda.synchronize()
     merged = (window[0], 0 if causal else window[1])
     out_ref, lse_ref = reference(q, k, v, seqlens_q, seqlens_k, merged, sink, scale)
+    if poisoned is not None:  # only the other sequences' rows are checked
+        q0 = sum(seqlens_q[:poisoned])
+        keep = torch.ones(total_q, dtype=torch.bool, device="cuda")
+        keep[q0:q0 + seqlens_q[poisoned]] = False
+        out, out_ref, lse, lse_ref = out[keep], out_ref[keep], lse[:, keep], lse_ref[:, keep]
     assert not torch.isnan(out).any(), "NaN in out: a row was not written"
     assert not torch.isnan(lse).any(), "NaN in lse: a row was not written"
     tol = OUT_TOL[dtype]
@@ -162,6 +180,32 @@ def test_every_no_tail_kernel_on_full_tiles(causal, kernel):
     assert plan.variant.param_dict["has_incomplete_tile"] is False
     run_case(lengths, lengths, 2, 2, head_dim, torch.float16, causal, (-1, -1), True, seed=tile_m + head_dim,
              tail=tail, tile_m=tile_m)
+
+
+@pytest.mark.parametrize("full_tiles", [False, True], ids=["tails", "full-tiles"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kernel", kernels(), ids=lambda k: "hd{}-m{}-{}".format(*k))
+def test_poisoned_neighbours_never_reach_a_sequence(kernel, causal, full_tiles):
+    """The issue's batch (lengths 63, 65, 200, 1, the second poisoned), and a batch of whole tiles
+    (the has_incomplete_tile=false variant), for every kernel and tail policy."""
+    head_dim, tile_m, tail = kernel
+    lengths = [256, 512, 128, 256] if full_tiles else [63, 65, 200, 1]
+    for poisoned in (1, 2):
+        run_case(lengths, lengths, 2, 2, head_dim, torch.bfloat16, causal, (-1, -1), False, seed=head_dim + poisoned,
+                 tail=tail, tile_m=tile_m, poisoned=poisoned)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seqs=st.lists(st.tuples(lengths, lengths), min_size=2, max_size=5), data=st.data(),
+    kernel=st.sampled_from(kernels()), causal=st.booleans(), window=windows, seed=st.integers(0, 2**31 - 1),
+)
+def test_poisoned_neighbours_on_random_batches(seqs, data, kernel, causal, window, seed):
+    seqlens_q, seqlens_k = [s[0] for s in seqs], [s[1] for s in seqs]
+    poisoned = data.draw(st.integers(0, len(seqs) - 1), label="poisoned")
+    head_dim, tile_m, tail = kernel
+    run_case(seqlens_q, seqlens_k, 1, 2, head_dim, torch.float16, causal, window, True, seed, tail=tail,
+             tile_m=tile_m, poisoned=poisoned)
 
 
 def test_without_a_plan_the_op_plans_for_itself():

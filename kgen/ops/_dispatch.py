@@ -7,10 +7,22 @@ from typing import Any
 import torch
 
 from kgen import jit, registry as registry_module
+from kgen.dtypes import ELEMENT_TYPES
 from kgen.launch import KernelLauncher
+from kgen.layout import KernelLayout, layout_of
 from kgen.registry import Variant
 
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+#: torch dtype -> the spec's dtype name, for every element type kgen knows.
+DTYPE_NAMES = {getattr(torch, t.torch_name): t.name for t in ELEMENT_TYPES.values()}
+
+
+def spec_dtypes(family: str) -> tuple[torch.dtype, ...]:
+    """The torch dtypes of the family's ``dtype`` axis: what the spec path offers, not a list kept in Python."""
+    found = _spec_dtypes.get((family,))
+    if found is None:
+        names = registry_module.current().family(family).supported("dtype")
+        found = _spec_dtypes.put((family,), tuple(dtype for dtype, name in DTYPE_NAMES.items() if name in names))
+    return found
 
 
 def tail_pair(family: str, **required: Any) -> tuple[Variant, Variant]:
@@ -30,10 +42,21 @@ def without_tail(family: str, with_tail: Variant) -> Variant:
     return next((v for v in fam.variants if v.param_dict == params), with_tail)
 
 
-def launcher(variant: Variant, entry: str, device_index: int, dynamic_smem: int = 0) -> KernelLauncher:
-    """``entry`` of ``variant`` loaded for ``device_index`` (which must be current), with num_warps * 32 threads."""
-    threads = variant.param_dict["num_warps"] * 32
-    return KernelLauncher(jit.load(variant).kernel(entry), device_index, threads, dynamic_smem)
+def layout(variant: Variant) -> KernelLayout:
+    found = layout_of(variant)
+    if found is None:
+        raise LookupError(f"{variant.name}: kgen/layout.py has no layout for family {variant.family.name!r}")
+    return found
+
+
+def launcher(variant: Variant, entry: str, device_index: int) -> KernelLauncher:
+    """``entry`` of ``variant`` loaded for ``device_index``, launched with the block, shared memory and
+    parameters of the variant's layout."""
+    shape = layout(variant)
+    with torch.cuda.device(device_index):
+        kernel = jit.load(variant).kernel(entry)
+        return KernelLauncher(kernel, device_index, shape.threads, shape.dynamic_smem_bytes,
+                              shape.parameters[entry], f"{variant.name}.{entry}")
 
 
 class DispatchCache:
@@ -52,3 +75,6 @@ class DispatchCache:
     def put(self, key: tuple, value: Any) -> Any:
         self._entries[key] = value
         return value
+
+
+_spec_dtypes = DispatchCache()

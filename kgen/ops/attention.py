@@ -9,34 +9,31 @@ device-to-host synchronisation and can be captured in a CUDA graph.
 from __future__ import annotations
 
 import math
-import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from cuda.core.utils import StridedMemoryView
 
-# The swizzle enum is documented with TensorMapDescriptor but cuda.core 1.2 exports it only from here.
-from cuda.core._tensor_map import TensorMapSwizzle
-
-from kgen.launch import KernelLauncher
+from kgen import registry, tma
+from kgen.launch import KernelLauncher, current_device
 from kgen.ops._checks import check_tensor
-from kgen import registry
-from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, without_tail
+from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes, without_tail
 from kgen.registry import Variant
 from kgen.ops.attention_plan import TileSchedule, choose_schedule, plan_tiles, seqlens_from_cu, validate_window
 
 FAMILY = "attention_prefill"
-_DTYPES = (torch.bfloat16, torch.float16)
 _LOG2E = 1.4426950408889634
+_MAX_GRID_Y = 65535  # query heads are the grid's y dimension
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AttentionPlan:
     """What :func:`attention_varlen` needs to launch without looking at device data.
 
-    Build it once per batch layout with :func:`plan_attention_varlen`; it holds
-    the work list on the device.
+    Build it once per batch layout with :func:`plan_attention_varlen`, on the host (no
+    GPU needed). Its work list is copied to the device on first use, or when it is
+    made, with ``device=``; a plan bound to one device refuses tensors on another.
     """
 
     schedule: TileSchedule
@@ -44,19 +41,39 @@ class AttentionPlan:
     dtype: torch.dtype
     window: tuple[int, int]  # (left, right) with causal folded in; -1 = unbounded
     num_seqs: int
-    work: torch.Tensor  # int32 [num_work, 2] (sequence, query tile), on the device
     #: The variant to run: the spec's choice for this head dim, dtype, tail policy and
     #: batch (tile shape), specialised on has_incomplete_tile from the schedule.
     variant: Variant
+    #: The work list (int32 [num_work, 2]: sequence, query tile) where it lives now: on the
+    #: host until the plan is placed on a device.
+    _placed: list = field(repr=False)
 
     @property
     def has_incomplete_tile(self) -> bool:
         return self.schedule.has_incomplete_tile
 
+    @property
+    def work(self) -> torch.Tensor:
+        return self._placed[0]
 
-#: What makes one configuration of a head dim: the planner chooses among these per batch,
-#: the spec's defaults (the tail policy) within each.
-_TILE_SHAPE = ("tile_m", "tile_n", "num_warps", "min_blocks_per_sm")
+    @property
+    def device(self) -> torch.device:
+        return self._placed[0].device
+
+    def work_on(self, device: torch.device) -> torch.Tensor:
+        """The work list on ``device``, copied there on first use; an error if the plan lives on another device.
+
+        The first use copies from host memory, which a CUDA graph capture cannot do:
+        plan with ``device=`` (or run once) before capturing.
+        """
+        work = self._placed[0]
+        if work.device == device:
+            return work
+        if work.device.type != "cpu" or not self._placed[1]:
+            raise ValueError(f"plan: its work list is on {work.device}, the tensors on {device}; "
+                             f"plan with device={str(device)!r}")
+        self._placed[:] = [work.to(device), False]
+        return self._placed[0]
 
 
 def _tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m: int | None) -> list[Variant]:
@@ -64,29 +81,31 @@ def _tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m
     wanted = {"tail": tail} if tail is not None else {}
     if tile_m is not None:
         wanted["tile_m"] = tile_m
-    return registry.current().family(FAMILY).preferred(
-        group_by=_TILE_SHAPE, head_dim=head_dim, dtype=DTYPE_NAMES[dtype], has_incomplete_tile=True, **wanted)
+    family = registry.current().family(FAMILY)
+    # A tile shape is what the spec's configs set together (head dim, tiles, warps, occupancy).
+    return family.preferred(group_by=family.config_axes, head_dim=head_dim, dtype=DTYPE_NAMES[dtype],
+                            has_incomplete_tile=True, **wanted)
 
 
 def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: torch.dtype = torch.bfloat16,
                           causal: bool = False, window: tuple[int, int] = (-1, -1),
                           device: torch.device | str | int | None = None, tail: str | None = None,
                           tile_m: int | None = None) -> AttentionPlan:
-    """Plan a batch: tile shape and schedule (longest tiles first), maximum lengths, has_incomplete_tile.
+    """Plan a batch on the host: tile shape and schedule (longest tiles first), maximum lengths, has_incomplete_tile.
 
     ``cu_seqlens_q`` / ``cu_seqlens_k`` are host data (lists or CPU tensors) of
     length N+1. ``head_dim`` and ``dtype`` pick the spec's variants; among the tile
     shapes it lists for them, the first is used unless it computes many more masked or
     padded scores for this batch than another (see
     :func:`kgen.ops.attention_plan.choose_schedule`); ``tile_m`` forces one height.
-    The work list is copied to ``device`` (default: the current CUDA device).
-    ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's default tail policy. With
-    ``"tma"`` an incomplete tile loads a whole box and masks it, reading the rows that follow
-    the sequence in the packed tensors (they must be finite: a NaN there would survive the
-    zero weight); ``"cp_async"`` never reads past a sequence.
+    The work list is copied to ``device`` now if given, else to the device of the first
+    call that uses the plan. ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's
+    default tail policy; either way a sequence's output never depends on the rows of
+    another sequence.
     """
-    if dtype not in _DTYPES:
-        raise TypeError(f"dtype: expected one of {[str(d) for d in _DTYPES]}, got {dtype}")
+    dtypes = spec_dtypes(FAMILY)
+    if dtype not in dtypes:
+        raise TypeError(f"dtype: expected one of {[str(d) for d in dtypes]}, got {dtype}")
     seqlens_q = seqlens_from_cu(cu_seqlens_q, "cu_seqlens_q")
     seqlens_k = seqlens_from_cu(cu_seqlens_k, "cu_seqlens_k")
     if len(seqlens_q) != len(seqlens_k):
@@ -98,53 +117,19 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     chosen = choose_schedule(schedules)
     with_tail, schedule = candidates[chosen], schedules[chosen]
     variant = with_tail if schedule.has_incomplete_tile else without_tail(FAMILY, with_tail)
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    work = torch.from_numpy(schedule.work).to(device)
-    return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), work, variant)
+    work = torch.from_numpy(schedule.work)
+    # [work list, whether it may still move to the first device that uses it]
+    placed = [work, True] if device is None else [work.to(torch.device(device)), False]
+    return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), variant, placed)
 
 
 _launchers = DispatchCache()
-_tensor_maps: dict[tuple, list] = {}
-_MAX_TENSOR_MAPS = 256
 
 
-def _dynamic_smem(params: dict, itemsize: int) -> int:
-    # Mirrors the template: 1024 bytes of slack to align the tiles for TMA's swizzle, one
-    # Q tile, two buffers each of K and V, then three 8-byte mbarriers.
-    return 1024 + (params["tile_m"] + 4 * params["tile_n"]) * params["head_dim"] * itemsize + 64
-
-
-def _launcher(device_index: int, variant: Variant, itemsize: int) -> KernelLauncher:
+def _launcher(device_index: int, variant: Variant) -> KernelLauncher:
     key = (device_index, variant.name)
     found = _launchers.get(key)
-    if found is not None:
-        return found
-    smem = _dynamic_smem(variant.param_dict, itemsize)
-    with torch.cuda.device(device_index):
-        return _launchers.put(key, launcher(variant, "attention_prefill", device_index, smem))
-
-
-def _tensor_map(role: str, t: torch.Tensor, rows: int):
-    """A TMA descriptor for boxes of ``rows`` tokens x 1 head x one swizzle span of the head dim.
-
-    Descriptors are cached by role (q, k, v: one call passes all three at once),
-    layout and calling thread (a patch must not race another thread's launch);
-    a new address only patches the cached one (about 2 us instead of 7 to build one).
-    """
-    span_bytes = min(t.shape[2] * t.element_size(), 128)
-    key = (role, threading.get_ident(), t.device.index, tuple(t.shape), t.stride(), t.dtype, rows)
-    entry = _tensor_maps.get(key)
-    if entry is None:
-        if len(_tensor_maps) >= _MAX_TENSOR_MAPS:
-            _tensor_maps.clear()
-        swizzle = TensorMapSwizzle.SWIZZLE_128B if span_bytes == 128 else TensorMapSwizzle.SWIZZLE_64B
-        view = StridedMemoryView.from_dlpack(t, stream_ptr=-1)
-        entry = _tensor_maps[key] = [view.as_tensor_map(box_dim=(rows, 1, span_bytes // t.element_size()),
-                                                        swizzle=swizzle), t.data_ptr()]
-    elif entry[1] != t.data_ptr():
-        entry[0].replace_address(t)
-        entry[1] = t.data_ptr()
-    return entry[0]
+    return found if found is not None else _launchers.put(key, launcher(variant, "attention_prefill", device_index))
 
 
 def _check_rows(name: str, t: torch.Tensor) -> None:
@@ -163,13 +148,26 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, num_seq
         raise ValueError(f"{name}: expected a contiguous tensor")
 
 
-def _result(name: str, given: torch.Tensor | None, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+def _result(name: str, given: torch.Tensor | None, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
     if given is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    check_tensor(name, given, ndim=len(shape), dtypes=(dtype,), device=device)
+        return like.new_empty(shape, dtype=dtype)
+    check_tensor(name, given, ndim=len(shape), dtypes=(dtype,), device=like.device)
     if tuple(given.shape) != shape or not given.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor of shape {shape}, got {tuple(given.shape)}")
     return given
+
+
+def softmax_scale_log2(softmax_scale, head_dim: int) -> np.float32:
+    """The kernel's score scale in the log2 domain; ``softmax_scale`` must be a finite positive fp32 number."""
+    if softmax_scale is None:
+        return np.float32(_LOG2E / math.sqrt(head_dim))
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.floating)):
+        raise TypeError(f"softmax_scale: expected a float, got {type(softmax_scale).__name__} {softmax_scale!r}")
+    scale = float(softmax_scale)
+    # The kernel takes row maxima of unscaled scores, so the scale must be positive; it is an fp32 there.
+    if not (math.isfinite(scale) and scale > 0 and np.float32(scale) > 0 and scale * _LOG2E <= _FLOAT32_MAX):
+        raise ValueError(f"softmax_scale: expected a finite positive number representable in fp32, got {softmax_scale!r}")
+    return np.float32(scale * _LOG2E)
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -200,7 +198,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ``out`` ``[total_q, Hq, D]`` in q's dtype, or ``(out, lse)``. Rows with no key to
         attend (and no sink) are 0 with LSE -inf.
     """
-    check_tensor("q", q, ndim=3, dtypes=_DTYPES)
+    if plan is not None and not isinstance(plan, AttentionPlan):
+        raise TypeError(f"plan: expected an AttentionPlan from plan_attention_varlen, got {type(plan).__name__}")
+    check_tensor("q", q, ndim=3, dtypes=spec_dtypes(FAMILY))
     check_tensor("k", k, ndim=3, dtypes=(q.dtype,), device=q.device)
     check_tensor("v", v, ndim=3, dtypes=(q.dtype,), device=q.device)
     total_q, heads_q, head_dim = q.shape
@@ -209,12 +209,15 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"k, v: expected [total_k, Hkv, {head_dim}] each, got {tuple(k.shape)} and {tuple(v.shape)}")
     if heads_kv == 0 or heads_q % heads_kv:
         raise ValueError(f"q: Hq={heads_q} must be a multiple of Hkv={heads_kv} (k's heads)")
+    if heads_q > _MAX_GRID_Y:
+        raise ValueError(f"q: {heads_q} query heads exceed the kernel's grid limit of {_MAX_GRID_Y}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_rows(name, t)
     if sink is not None:
         check_tensor("sink", sink, ndim=1, dtypes=(torch.float32,), device=q.device)
         if sink.shape[0] != heads_q or not sink.is_contiguous():
             raise ValueError(f"sink: expected a contiguous [{heads_q}] tensor (one logit per query head), got {tuple(sink.shape)}")
+    scale_log2 = softmax_scale_log2(softmax_scale, head_dim)
     merged_window = validate_window(causal, window)
     if plan is None:
         plan = plan_attention_varlen(cu_seqlens_q.cpu(), cu_seqlens_k.cpu(), head_dim=head_dim, dtype=q.dtype,
@@ -227,26 +230,24 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          f"got {total_q} and {total_k}")
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, plan.num_seqs)
     _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, plan.num_seqs)
+    work = plan.work_on(q.device)
 
-    out = _result("out", out, (total_q, heads_q, head_dim), q.dtype, q.device)
-    lse = _result("lse_out", lse_out, (heads_q, total_q), torch.float32, q.device)
-    num_work = plan.work.shape[0]
+    out = _result("out", out, (total_q, heads_q, head_dim), q.dtype, q)
+    lse = _result("lse_out", lse_out, (heads_q, total_q), torch.float32, q)
+    num_work = work.shape[0]
     if num_work and heads_q:
-        scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
-        if not scale > 0:  # the kernel takes row maxima of unscaled scores
-            raise ValueError(f"softmax_scale: expected a positive number, got {softmax_scale}")
-        params = plan.variant.param_dict
-        map_q = _tensor_map("q", q, params["tile_m"])
+        sizes = layout(plan.variant).sizes
+        span = sizes["box_span_bytes"]
+        map_q = tma.tensor_map("q", q, sizes["q_box_rows"], span)
         # With no keys at all no key tile is ever loaded; the parameter still needs a descriptor.
-        map_k, map_v = ((_tensor_map("k", k, params["tile_n"]), _tensor_map("v", v, params["tile_n"])) if total_k
-                        else (map_q, map_q))
-        with torch.cuda.device(q.device.index):
-            _launcher(q.device.index, plan.variant, q.element_size())(
-                   (num_work, heads_q), map_q, map_k, map_v,
-                   q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                   cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), plan.work.data_ptr(),
-                   0 if sink is None else sink.data_ptr(),
-                   heads_q // heads_kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                   v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse.stride(0),
-                   np.float32(scale * _LOG2E), merged_window[0], merged_window[1])
+        map_k, map_v = ((tma.tensor_map("k", k, sizes["kv_box_rows"], span),
+                         tma.tensor_map("v", v, sizes["kv_box_rows"], span)) if total_k else (map_q, map_q))
+        _launcher(q.device.index, plan.variant)(
+            (num_work, heads_q), map_q, map_k, map_v,
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+            cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), work.data_ptr(),
+            0 if sink is None else sink.data_ptr(),
+            heads_q // heads_kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse.stride(0),
+            scale_log2, merged_window[0], merged_window[1])
     return (out, lse) if return_lse else out

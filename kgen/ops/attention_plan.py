@@ -24,6 +24,9 @@ import numpy as np
 import torch
 
 _CU_DTYPES = (torch.int32, torch.int64)
+#: The kernels index tokens, offsets and window bounds with 32-bit integers, and
+#: cu_seqlens reach the device as int32: every length, total and window stays below this.
+INT32_LIMIT = 2**31 - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,12 +51,12 @@ class TileSchedule:
     tile_n: int
 
 
-def _check_int(name: str, value, *, minimum: int, what: str = "") -> int:
+def _check_int(name: str, value, *, minimum: int, maximum: int = INT32_LIMIT, what: str = "") -> int:
     # bool is an int subclass, but True as a length or a window is a caller's mistake.
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}: expected an int{what}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}{what}, got {value}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name}: expected an int in [{minimum}, {maximum}]{what}, got {value}")
     return value
 
 
@@ -68,8 +71,8 @@ def validate_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise TypeError(f"window: expected a pair of ints (left, right), got {window!r}")
     unbounded = " (-1 = unbounded)"
-    left = _check_int("window[0]", window[0], minimum=-1, what=unbounded)
-    right = _check_int("window[1]", window[1], minimum=-1, what=unbounded)
+    left = _check_int("window[0]", window[0], minimum=-1, maximum=INT32_LIMIT, what=unbounded)
+    right = _check_int("window[1]", window[1], minimum=-1, maximum=INT32_LIMIT, what=unbounded)
     return left, 0 if causal else right
 
 
@@ -107,10 +110,14 @@ def _key_tile_bounds(first_row, lq, lk, *, tile_m: int, tile_n: int, window: tup
 def _check_seqlens(name: str, seqlens: Sequence[int]) -> np.ndarray:
     if not isinstance(seqlens, (list, tuple)):
         raise TypeError(f"{name}: expected a list or tuple of ints, got {type(seqlens).__name__}")
-    if not all(type(n) is int and n >= 0 for n in seqlens):  # the common case, without a call per entry
+    if not all(type(n) is int and 0 <= n <= INT32_LIMIT for n in seqlens):  # the common case, without a call per entry
         for i, n in enumerate(seqlens):
             _check_int(f"{name}[{i}]", n, minimum=0)
-    return np.array(seqlens, dtype=np.int64).reshape(-1)
+    lengths = np.array(seqlens, dtype=np.int64).reshape(-1)
+    total = int(lengths.sum())
+    if total > INT32_LIMIT:
+        raise ValueError(f"{name}: the lengths add up to {total} tokens; the kernels index at most {INT32_LIMIT}")
+    return lengths
 
 
 def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: int, tile_n: int, causal: bool,
@@ -194,6 +201,10 @@ def seqlens_from_cu(cu: Sequence[int] | torch.Tensor, name: str) -> list[int]:
             for i, value in enumerate(cu):
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise TypeError(f"{name}[{i}]: expected an int, got {type(value).__name__} {value!r}")
+        # Checked before numpy sees them: 2**63 would overflow int64.
+        if cu and not (-INT32_LIMIT <= min(cu) and max(cu) <= INT32_LIMIT):
+            raise ValueError(f"{name}: entries must lie in [0, {INT32_LIMIT}] (cu_seqlens reach the kernels as "
+                             f"int32), got values from {min(cu)} to {max(cu)}")
         values = np.array(cu, dtype=np.int64).reshape(-1)
     else:
         raise TypeError(f"{name}: expected a list or tuple of ints or a CPU int32/int64 1-D tensor, "
@@ -202,6 +213,9 @@ def seqlens_from_cu(cu: Sequence[int] | torch.Tensor, name: str) -> list[int]:
         raise ValueError(f"{name}: expected at least one entry (the leading 0), got none")
     if values[0] != 0:
         raise ValueError(f"{name}: must start at 0, got {name}[0]={values[0]}")
+    if values.max() > INT32_LIMIT:
+        raise ValueError(f"{name}: entries must be at most {INT32_LIMIT} (cu_seqlens reach the kernels as int32), "
+                         f"got {values.max()}")
     lengths = np.diff(values)
     if (lengths < 0).any():
         i = int(np.argmax(lengths < 0)) + 1

@@ -13,10 +13,9 @@ import torch
 
 from kgen.launch import KernelLauncher
 from kgen.ops._checks import check_dense_rows, check_shape, check_tensor
-from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, tail_pair
+from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes, tail_pair
 
 FAMILY = "merge_attention_states"
-_V_DTYPES = tuple(DTYPE_NAMES)
 _MAX_ROWS = 2**31 - 1  # the kernel indexes (token, head) rows with 32-bit integers
 
 
@@ -28,15 +27,6 @@ class _Kernels:
 
 
 _dispatch = DispatchCache()
-# torch.cuda.current_device() without its lazy-init check; absent from CPU-only torch builds.
-_current_device = getattr(torch._C, "_cuda_getDevice", None)
-
-
-def _tile_rows(params: dict, itemsize: int) -> int:
-    # Mirrors the template: each thread owns 16 bytes of a row; a block of
-    # num_warps*32 threads covers threads // lanes_per_row rows per pass.
-    lanes_per_row = params["head_dim"] * itemsize // 16
-    return (params["num_warps"] * 32 // lanes_per_row) * params["rows_per_thread"]
 
 
 def _kernels(device_index: int, head_dim: int, dtype: torch.dtype) -> _Kernels:
@@ -44,16 +34,15 @@ def _kernels(device_index: int, head_dim: int, dtype: torch.dtype) -> _Kernels:
     found = _dispatch.get(key)
     if found is not None:
         return found
-    with_tail, without_tail = tail_pair(FAMILY, head_dim=head_dim, dtype=DTYPE_NAMES[dtype])
-    variants = (with_tail, without_tail)
-    with torch.cuda.device(device_index):
-        kernels = _Kernels(
-            tile_rows=_tile_rows(with_tail.param_dict, dtype.itemsize),
-            two=tuple(launcher(v, "merge_states_2", device_index) for v in variants),
-            stacked=tuple(launcher(v, "merge_states_n", device_index) for v in variants),
-        )
-    if _tile_rows(without_tail.param_dict, dtype.itemsize) != kernels.tile_rows:
-        raise ValueError(f"{FAMILY}: the variants {with_tail.name} and {without_tail.name} tile rows differently")
+    variants = tail_pair(FAMILY, head_dim=head_dim, dtype=DTYPE_NAMES[dtype])
+    tile_rows = {layout(v).sizes["tile_rows"] for v in variants}
+    if len(tile_rows) != 1:
+        raise ValueError(f"{FAMILY}: the variants {variants[0].name} and {variants[1].name} tile rows differently")
+    kernels = _Kernels(
+        tile_rows=tile_rows.pop(),
+        two=tuple(launcher(v, "merge_states_2", device_index) for v in variants),
+        stacked=tuple(launcher(v, "merge_states_n", device_index) for v in variants),
+    )
     return _dispatch.put(key, kernels)
 
 
@@ -91,16 +80,11 @@ def _outputs(out, lse_out, shape, dtype: torch.dtype, device_index: int, like_v:
     return out, lse_out
 
 
-def _launch(device_index: int, kernels: _Kernels, pair: tuple[KernelLauncher, KernelLauncher], rows: int,
-            *args: int) -> None:
+def _launch(kernels: _Kernels, pair: tuple[KernelLauncher, KernelLauncher], rows: int, *args: int) -> None:
     """Launch the tail or no-tail kernel over ``rows``; every argument is a pointer or an int64 scalar."""
     tile_rows = kernels.tile_rows
     kernel = pair[0] if rows % tile_rows else pair[1]
-    if device_index == _current_device():
-        kernel(-(-rows // tile_rows), *args)
-    else:
-        with torch.cuda.device(device_index):
-            kernel(-(-rows // tile_rows), *args)
+    kernel(-(-rows // tile_rows), *args)
 
 
 def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Tensor, lse_b: torch.Tensor, *,
@@ -126,7 +110,7 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
         device_index, shape, dtype = v_a.get_device(), v_a.shape, v_a.dtype
         rows_shape = shape[:2]
         ptr_a, ptr_b = v_a.data_ptr(), v_b.data_ptr()
-        valid = (device_index >= 0 and dtype in _V_DTYPES and len(shape) == 3
+        valid = (device_index >= 0 and dtype in spec_dtypes(FAMILY) and len(shape) == 3
                  and v_b.dtype is dtype and v_b.shape == shape and v_b.get_device() == device_index
                  and v_a.is_contiguous() and v_b.is_contiguous() and not (ptr_a | ptr_b) & 15
                  and lse_a.dtype is torch.float32 and lse_b.dtype is torch.float32
@@ -135,7 +119,7 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
     except AttributeError:  # not a tensor
         valid = False
     if not valid:
-        check_tensor("v_a", v_a, ndim=3, dtypes=_V_DTYPES)
+        check_tensor("v_a", v_a, ndim=3, dtypes=spec_dtypes(FAMILY))
         check_tensor("v_b", v_b, ndim=3, dtypes=(v_a.dtype,), device=v_a.device)
         check_shape("v_b", v_b, v_a.shape, "the shape of v_a")
         check_dense_rows("v_a", v_a)
@@ -151,7 +135,7 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
     if rows == 0:
         return v, lse
     kernels = _kernels(device_index, head_dim, dtype)
-    _launch(device_index, kernels, kernels.two, rows,
+    _launch(kernels, kernels.two, rows,
             ptr_a, lse_a.data_ptr(), *lse_a.stride(),
             ptr_b, lse_b.data_ptr(), *lse_b.stride(),
             v.data_ptr(), lse.data_ptr(), rows, heads)
@@ -176,13 +160,13 @@ def merge_attention_states_n(v: torch.Tensor, lse: torch.Tensor, *,
     """
     try:
         device_index, shape, dtype = v.get_device(), v.shape, v.dtype
-        valid = (device_index >= 0 and dtype in _V_DTYPES and len(shape) == 4 and v.is_contiguous()
+        valid = (device_index >= 0 and dtype in spec_dtypes(FAMILY) and len(shape) == 4 and v.is_contiguous()
                  and not v.data_ptr() & 15 and lse.dtype is torch.float32 and lse.shape == shape[:3]
                  and lse.get_device() == device_index)
     except AttributeError:  # not a tensor
         valid = False
     if not valid:
-        check_tensor("v", v, ndim=4, dtypes=_V_DTYPES)
+        check_tensor("v", v, ndim=4, dtypes=spec_dtypes(FAMILY))
         check_dense_rows("v", v)
         _check_lse("lse", lse, v.device, v.shape[:3], "[S, tokens, heads] of v")
         raise AssertionError("unreachable: the detailed checks must reject what the fast test rejected")
@@ -194,7 +178,7 @@ def merge_attention_states_n(v: torch.Tensor, lse: torch.Tensor, *,
     if rows == 0:
         return out, lse_out
     kernels = _kernels(device_index, head_dim, dtype)
-    _launch(device_index, kernels, kernels.stacked, rows,
+    _launch(kernels, kernels.stacked, rows,
             v.data_ptr(), lse.data_ptr(), partials, v.stride(0), *lse.stride(),
             out.data_ptr(), lse_out.data_ptr(), rows, heads)
     return out, lse_out

@@ -1,30 +1,10 @@
-// Warp-level tensor-core building blocks (sm_80+): cp.async with zero-fill,
-// ldmatrix, mma.sync m16n8k16 with fp32 accumulators, and packing to 16-bit pairs.
-// Included into rendered sources with Jinja, after common/numeric.cuh; the raw block keeps
+// Warp-level tensor-core building blocks (sm_80+): ldmatrix, mma.sync m16n8k16
+// with fp32 accumulators, and packing to 16-bit pairs.
+// Included into rendered sources with Jinja, after common/numeric.cuh and common/smem.cuh; the raw block keeps
 // Jinja away from the asm operand lists, whose braces and percent signs look like its tags.
 {% raw %}
 
 namespace kgen {
-
-__device__ __forceinline__ unsigned smem_addr(const void* ptr) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
-}
-
-// 16-byte global->shared copy that bypasses registers and L1 (smem: a shared-window address).
-__device__ __forceinline__ void cp_async_16(unsigned smem, const void* gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem), "l"(gmem));
-}
-
-// The same, predicated: when !valid the source size is 0, so nothing is read
-// (gmem may point past the data) and the 16 shared bytes are zero-filled.
-__device__ __forceinline__ void cp_async_16_zfill(unsigned smem, const void* gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(smem), "l"(gmem), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(kPending)); }
 
 // Four 8x8 16-bit matrices; lanes 8i..8i+7 give the row addresses of matrix i.
 // Addresses are 32-bit shared-window addresses (smem_addr): half the registers of pointers.

@@ -1,0 +1,124 @@
+"""What the host must know about a kernel, computed once from a variant's parameters.
+
+Threads per block, dynamic shared memory, the sizes the host shapes its work
+by (tile rows, TMA boxes) and each entry's parameter list are computed here and
+nowhere else. :func:`kgen.render.render` hands the layout to the template,
+which ``static_assert``\\ s its own layout and signature against it; the ops,
+the launcher and ``kgen build`` read the same object. A disagreement between
+host and kernel therefore fails to compile (in CPU CI too) instead of becoming
+a silent memory bug.
+
+A family without a layout function here (a user's own template) gets ``None``:
+kgen then knows nothing of its launch shape, and its op must supply it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from kgen.dtypes import ELEMENT_TYPES
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    ctype: str  # as the template's signature spells the type, less top-level const and __restrict__
+
+    @property
+    def kind(self) -> str:
+        """How the launcher passes it: ``pointer``, ``int64``, ``float32`` or ``tensor_map``."""
+        if self.ctype.endswith("*"):
+            return "pointer"
+        return _SCALAR_KINDS[self.ctype]
+
+
+_SCALAR_KINDS = {"long long": "int64", "float": "float32", "kgen::TmaDescriptor": "tensor_map"}
+
+
+def _parameters(text: str) -> tuple[Parameter, ...]:
+    """``"const T* q, long long n"`` -> parameters, so a signature reads here as it does in C++."""
+    out = []
+    for item in text.split(","):
+        ctype, _, name = item.strip().rpartition(" ")
+        out.append(Parameter(name, ctype.strip()))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    threads: int
+    dynamic_smem_bytes: int
+    #: Named sizes the host relies on; the template asserts each against its own.
+    sizes: Mapping[str, int]
+    #: Each entry's parameters, in order.
+    parameters: Mapping[str, tuple[Parameter, ...]]
+
+    def parameter_types(self, entry: str) -> str:
+        """The entry's parameter types as a C++ list, for the template's signature check."""
+        return ", ".join(p.ctype for p in self.parameters[entry])
+
+
+#: TMA's 128-byte swizzle repeats every 1024 bytes; tiles start on such a boundary.
+SWIZZLE_ALIGNMENT = 1024
+#: Room for the prefill kernel's mbarriers (three of 8 bytes, padded).
+ATTENTION_BARRIER_BYTES = 64
+
+_ATTENTION_PARAMETERS = _parameters(
+    "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, "
+    "const T* q, const T* k, const T* v, T* out, float* lse, "
+    "const int* cu_seqlens_q, const int* cu_seqlens_k, const int* work, const float* sink, "
+    "long long heads_per_kv, long long q_stride_t, long long q_stride_h, long long k_stride_t, long long k_stride_h, "
+    "long long v_stride_t, long long v_stride_h, long long o_stride_t, long long o_stride_h, long long lse_stride_h, "
+    "float scale_log2, long long window_left, long long window_right")
+
+
+def _attention_prefill(params: Mapping[str, Any]) -> KernelLayout:
+    row_bytes = params["head_dim"] * ELEMENT_TYPES[params["dtype"]].itemsize
+    # A TMA box spans one swizzle width of the head dim (128 bytes, or the whole row if shorter).
+    span_bytes = min(row_bytes, 128)
+    # One Q tile, two buffers each of K and V.
+    tile_bytes = (params["tile_m"] + 4 * params["tile_n"]) * row_bytes
+    return KernelLayout(
+        threads=params["num_warps"] * 32,
+        dynamic_smem_bytes=SWIZZLE_ALIGNMENT + tile_bytes + ATTENTION_BARRIER_BYTES,
+        sizes={"q_box_rows": params["tile_m"], "kv_box_rows": params["tile_n"], "box_span_bytes": span_bytes,
+               "swizzle_bytes": span_bytes},
+        parameters={"attention_prefill": _ATTENTION_PARAMETERS},
+    )
+
+
+_MERGE_PARAMETERS = {
+    "merge_states_2": _parameters(
+        "const T* v_a, const float* lse_a, long long lse_a_stride_t, long long lse_a_stride_h, "
+        "const T* v_b, const float* lse_b, long long lse_b_stride_t, long long lse_b_stride_h, "
+        "T* v_out, float* lse_out, long long num_rows, long long num_heads"),
+    "merge_states_n": _parameters(
+        "const T* v, const float* lse, long long num_partials, long long v_stride_s, long long lse_stride_s, "
+        "long long lse_stride_t, long long lse_stride_h, T* v_out, float* lse_out, long long num_rows, "
+        "long long num_heads"),
+}
+
+
+def _merge_attention_states(params: Mapping[str, Any]) -> KernelLayout:
+    threads = params["num_warps"] * 32
+    # Each thread owns 16 bytes of a row; a block covers threads // lanes_per_row rows per pass.
+    lanes_per_row = max(1, params["head_dim"] * ELEMENT_TYPES[params["dtype"]].itemsize // 16)
+    return KernelLayout(
+        threads=threads,
+        dynamic_smem_bytes=0,
+        sizes={"tile_rows": threads // lanes_per_row * params["rows_per_thread"]},
+        parameters=_MERGE_PARAMETERS,
+    )
+
+
+_LAYOUTS: dict[str, Callable[[Mapping[str, Any]], KernelLayout]] = {
+    "attention_prefill": _attention_prefill,
+    "merge_attention_states": _merge_attention_states,
+}
+
+
+def layout_of(variant) -> KernelLayout | None:
+    """The layout of ``variant`` (a :class:`kgen.registry.Variant`), or None if its family has none here."""
+    function = _LAYOUTS.get(variant.family.name)
+    return function(variant.param_dict) if function is not None else None
