@@ -1,25 +1,35 @@
 """The on-disk cubin cache: keys, self-checking entries, atomic publish, cross-process locks.
 
 * **Key.** ``cuda.core.utils.make_program_cache_key`` over the rendered source,
-  the NVRTC options, the arch, the target and NVRTC's version, with an extra
-  digest of kgen's version and of every header the source includes. Nothing
-  else goes in, so the same inputs always hit and any changed input misses.
-* **Entry.** ``MAGIC | SHA-256 of the rest | header length | JSON header | cubin``.
-  A truncated or corrupt entry is a miss: it is reported once and rebuilt.
-* **Publish.** Write to a temporary file in the same folder, then
+  the NVRTC options, the arch and the target, with an extra digest of labelled
+  fields: kgen's version, the entry and build-record formats, NVRTC's full
+  version and the content of every header the source includes. The include
+  folder itself is left out of the options that are keyed: the headers'
+  content stands for it, so the same toolchain in another venv or on another
+  machine hits the same entry.
+* **Entry.** ``MAGIC | SHA-256 of the rest | header length | JSON header | cubin``;
+  the header names the entry's own key. A truncated, corrupt or misplaced entry
+  (another key's file copied over this one) is a miss: it is reported once and
+  rebuilt.
+* **Publish.** Write to a temporary file in the same folder (created like any
+  file, so the umask decides who may read it: a group-shared cache works), then
   ``os.replace``: a reader sees the old entry, the new one, or none.
-* **Single flight.** Builders take a ``filelock`` per key and re-check the
-  cache once they hold it, so N processes compile a variant once.
+* **Single flight.** Builders take one of a fixed set of lock files, chosen by
+  the key's hash, and re-check the cache once they hold it, so N processes
+  compile a variant once. The set is fixed, and lock files are never deleted:
+  deleting one that another process waits on would let two processes hold it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import errno
 import hashlib
 import json
 import os
-import shutil
+import secrets
 import struct
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +38,16 @@ import filelock
 from cuda.core.utils import make_program_cache_key
 
 from kgen import __version__
-from kgen.compiler import PROGRAM_NAME, BuildRecord, header_digest, program_options
+from kgen.compiler import PROGRAM_NAME, RECORD_FORMAT, BuildRecord, header_digest, nvrtc_version, program_options
 
-_MAGIC = b"KGENCUBIN3"
+_MAGIC = b"KGENCUBIN4"
 _HEADER_LEN = struct.Struct("<I")
 _DIGEST_LEN = 32  # SHA-256
 _SUFFIX = ".cubin.kgen"
+_TEMPORARY = ".*.tmp"
+#: Lock files in the ``locks/`` folder; two keys share one with probability 1/LOCK_STRIPES,
+#: and then only wait for each other.
+LOCK_STRIPES = 256
 _warned: set[tuple[str, str]] = set()
 
 
@@ -43,18 +57,35 @@ def warn_once(kind: str, subject: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+class CacheError(OSError):
+    """The cache folder cannot be changed as asked; the message names the folder and the file."""
+
+
+def _labelled_digest(fields: list[tuple[str, bytes]]) -> bytes:
+    # Length-prefixed label and value, so no two different field lists hash alike.
+    digest = hashlib.sha256()
+    for label, value in fields:
+        digest.update(b"%d:%s%d:" % (len(label), label.encode(), len(value)) + value)
+    return digest.digest()
+
+
 def cache_key(source: str, arch: str) -> str:
-    # The entry format is in the key too, so entries of another format are never looked up.
-    extra = hashlib.sha256(f"kgen {__version__}\0".encode() + _MAGIC + b"\0" + header_digest(source)).digest()
-    key = make_program_cache_key(
-        code=source, code_type="c++", options=program_options(arch, PROGRAM_NAME),
-        target_type="cubin", extra_digest=extra,
-    )
+    extra = _labelled_digest([
+        ("kgen", __version__.encode()),
+        ("entry-format", _MAGIC),
+        ("record-format", str(RECORD_FORMAT).encode()),
+        ("nvrtc", nvrtc_version().encode()),
+        ("headers", header_digest(source)),
+    ])
+    options = dataclasses.replace(program_options(arch, PROGRAM_NAME), include_path=None)
+    key = make_program_cache_key(code=source, code_type="c++", options=options, target_type="cubin",
+                                 extra_digest=extra)
     return key.hex()
 
 
 @dataclass
 class CacheEntry:
+    key: str
     cubin: bytes
     record: BuildRecord
     variant_name: str
@@ -62,6 +93,7 @@ class CacheEntry:
 
 def encode_entry(entry: CacheEntry) -> bytes:
     header = json.dumps({
+        "key": entry.key,
         "variant": entry.variant_name,
         "size": len(entry.cubin),
         "record": entry.record.to_json(),
@@ -73,7 +105,7 @@ def encode_entry(entry: CacheEntry) -> bytes:
 def decode_entry(blob: bytes) -> CacheEntry:
     """Parse an entry, or raise ``ValueError`` if it is not exactly what was written.
 
-    The digest covers the header (build record, variant name) as well as the cubin.
+    The digest covers the header (key, build record, variant name) as well as the cubin.
     """
     if not blob.startswith(_MAGIC):
         raise ValueError("bad magic")
@@ -85,7 +117,7 @@ def decode_entry(blob: bytes) -> CacheEntry:
     cubin = payload[_HEADER_LEN.size + header_len:]
     if len(cubin) != header["size"]:
         raise ValueError("cubin size does not match its header")
-    return CacheEntry(cubin, BuildRecord.from_json(header["record"]), header["variant"])
+    return CacheEntry(header["key"], cubin, BuildRecord.from_json(header["record"]), header["variant"])
 
 
 class DiskCache:
@@ -104,35 +136,59 @@ class DiskCache:
         except OSError:
             return None
         try:
-            return decode_entry(blob)
+            entry = decode_entry(blob)
+            if entry.key != key:
+                raise ValueError(f"it holds the entry of key {entry.key}")
         except (ValueError, KeyError, TypeError, struct.error) as exc:
             warn_once("corrupt", str(path), f"kgen: cache entry {path} is corrupt ({exc}); rebuilding it")
             return None
+        return entry
 
-    def put(self, key: str, entry: CacheEntry) -> None:
+    def put(self, entry: CacheEntry) -> None:
+        """Publish ``entry`` under its key; the caller holds :meth:`lock` of that key."""
+        blob = encode_entry(entry)
         self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".", suffix=".tmp")
+        tmp = self.root / f".{entry.key}.{secrets.token_hex(8)}.tmp"
+        # 0o666 less the umask, as for any file the user writes (mkstemp would make it 0o600).
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(encode_entry(entry))
-            os.replace(tmp, self._path(key))
+                f.write(blob)
+            os.replace(tmp, self._path(entry.key))
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
 
     def lock(self, key: str) -> filelock.FileLock:
         """The build lock of ``key``; acquiring it creates the folder (and raises ``OSError`` if it cannot)."""
+        return self._stripe(int(hashlib.sha256(key.encode()).hexdigest(), 16) % LOCK_STRIPES)
+
+    def _stripe(self, index: int) -> filelock.FileLock:
         locks = self.root / "locks"
         locks.mkdir(parents=True, exist_ok=True)
-        return filelock.FileLock(locks / f"{key}.lock")
+        return filelock.FileLock(locks / f"{index:03d}.lock")
 
     def entries(self) -> list[Path]:
         return sorted(self.root.glob(f"*{_SUFFIX}")) if self.root.is_dir() else []
 
     def clear(self) -> int:
-        """Remove every entry and lock; return how many entries there were."""
-        count = len(self.entries())
-        for path in self.entries():
-            path.unlink(missing_ok=True)
-        shutil.rmtree(self.root / "locks", ignore_errors=True)
-        return count
+        """Remove every entry and every orphan temporary file; return how many entries there were.
+
+        Every lock is held meanwhile, so no builder is between compiling and
+        publishing: a temporary file found then was left by a writer that died.
+        A folder that cannot be changed raises :class:`CacheError`.
+        """
+        if not self.root.is_dir():
+            return 0
+        try:
+            with contextlib.ExitStack() as held:
+                for index in range(LOCK_STRIPES):
+                    held.enter_context(self._stripe(index))
+                entries = self.entries()
+                for path in [*entries, *self.root.glob(_TEMPORARY)]:
+                    path.unlink(missing_ok=True)
+        except OSError as exc:
+            hint = "; the cache is read-only to this user" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else ""
+            raise CacheError(f"cannot clear the cache {self.root}: {exc.filename or self.root}: "
+                             f"{exc.strerror or exc}{hint}") from None
+        return len(entries)

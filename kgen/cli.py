@@ -1,25 +1,61 @@
-"""The ``kgen`` command: list, render, build every variant, manage the cache."""
+"""The ``kgen`` command: list, render, build every variant, manage the cache.
+
+Tables and listings go to stdout. Errors, skipped variants and progress go to
+stderr as plain, unwrapped text with control characters escaped (NVRTC logs
+carry NUL bytes); progress is a bar on a terminal and a line every few seconds
+in a log. Bad input (a spec, an arch, a family, a setting) exits 2 with one
+``error: ...`` message; a variant that fails to build exits 1 after the table.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from typing import Callable, Iterator
 
 import click
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kgen import config, jit, registry as registry_module
+from kgen import __version__, config, jit, layout, registry as registry_module
+from kgen.arch import Arch, ArchError
+from kgen.arch import parse as parse_arch
 from kgen.cache import DiskCache
 from kgen.compiler import CompileError
-from kgen.registry import Variant
+from kgen.registry import Registry, Variant
 from kgen.render import RenderError, render
 from kgen.spec import SpecError
 
 console = Console()
+_stderr = Console(stderr=True)
+#: Seconds between two progress lines when stderr is not a terminal.
+PROGRESS_INTERVAL_S = 5.0
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters other than tab and newline escaped (``\\x00``)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def echo_error(text: str) -> None:
+    click.echo(printable(text), err=True)
+
+
+class CommandError(click.ClickException):
+    """A command refused its input; printed as ``error: ...`` like main()'s errors."""
+
+    exit_code = 2
+
+    def show(self, file=None) -> None:
+        echo_error(f"error: {self.message}")
 
 
 def _variant_label(variant: Variant) -> str:
@@ -43,16 +79,19 @@ def _parse_assignments(pairs: tuple[str, ...]) -> dict:
     return out
 
 
-def _resolve_arch(arch: str | None) -> str:
-    if arch:
-        return arch
+def _target(arch_name: str | None) -> Arch:
+    if arch_name:
+        return parse_arch(arch_name, "--arch")
     try:
-        return jit.device_arch()
+        return parse_arch(jit.device_arch(), "the current GPU's arch")
+    except ArchError:  # KGEN_ARCH or the GPU's arch is not one NVRTC builds for: say so, not "no GPU"
+        raise
     except Exception as exc:  # no driver or no GPU on this machine
         raise click.UsageError(f"cannot read the current GPU's arch ({exc}); pass --arch (e.g. sm_90a) or set KGEN_ARCH")
 
 
 @click.group()
+@click.version_option(__version__, prog_name="kgen")
 @click.option("--spec-path", "spec_paths", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Also search this folder for specs (before KGEN_SPEC_PATH and the built-ins); repeatable.")
 def cli(spec_paths: tuple[str, ...]) -> None:
@@ -83,63 +122,140 @@ def render_cmd(family: str, params: tuple[str, ...]) -> None:
 
 
 @cli.command("build")
-@click.option("--arch", default=None, help="Target arch (sm_90a); default KGEN_ARCH or the current GPU's.")
-@click.option("--jobs", "-j", default=os.cpu_count() or 1, show_default=True, help="Parallel compiles.")
+@click.option("--arch", "arch_name", default=None,
+              help="Target arch (sm_90a, sm_100f, ...); default KGEN_ARCH or the current GPU's.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default=True,
+              help="Parallel compiles.")
 @click.option("--family", "families", multiple=True, help="Only these families; repeatable.")
-def build_cmd(arch: str | None, jobs: int, families: tuple[str, ...]) -> None:
-    """Compile every variant on the spec path and print a resource table.
+def build_cmd(arch_name: str | None, jobs: int, families: tuple[str, ...]) -> None:
+    """Compile every variant on the spec path and print a resource table per family.
 
-    Exits non-zero if any variant fails to compile or spills registers
-    (unless its spec sets allow_spills).
+    Skips the variants whose spec needs a newer arch (min_sm). Exits non-zero if
+    there is nothing to build, or if any variant fails to compile, spills
+    registers (unless its spec sets allow_spills) or needs more shared memory
+    than a block may have on the arch.
     """
-    arch = _resolve_arch(arch)
-    reg = registry_module.current()
-    variants = [v for v in reg.variants() if not families or v.family.name in families]
-    results, failures = {}, {}
-    progress = Progress(TextColumn("[bold]build[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console, transient=True)
-    with progress, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        task = progress.add_task(arch, total=len(variants))
-        futures = {pool.submit(jit.build, v, arch): v for v in variants}
-        for future in as_completed(futures):
-            variant = futures[future]
-            try:
-                results[variant.name] = future.result()
-            except (CompileError, RenderError) as exc:
-                failures[variant.name] = str(exc)
-            progress.advance(task)
-
-    table = Table(title=f"kgen build for {arch} ({len(variants)} variants)")
-    table.add_column("family", overflow="fold")
-    table.add_column("variant", overflow="fold")
-    for column in ("regs", "spills", "smem", "compile ms"):
-        table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("cache", no_wrap=True)
-    spilled = []
-    for variant in variants:
-        result = results.get(variant.name)
-        if result is None:
-            table.add_row(variant.family.name, _short_label(variant), "-", "-", "-", "-", "[red]FAILED[/red]")
-            continue
-        entries = result.record.entries.values()
-        spills = result.record.spills
-        if spills and not variant.family.allow_spills:
-            spilled.append(variant.name)
-        table.add_row(
-            variant.family.name, _short_label(variant),
-            str(max((e.registers for e in entries), default=0)),
-            f"[red]{spills}[/red]" if spills else "0",
-            str(max((e.static_smem_bytes for e in entries), default=0)),
-            f"{result.record.compile_ms:.0f}",
-            "hit" if result.cache_hit else "miss",
-        )
-    console.print(table)
-    for name, message in failures.items():
-        console.print(f"[red]FAILED[/red] {escape(name)}\n{escape(message)}", highlight=False)
-    for name in spilled:
-        console.print(f"[red]SPILLS[/red] {escape(name)} spills registers and its spec does not allow spills", highlight=False)
-    if failures or spilled:
+    target = _target(arch_name)
+    variants = _variants_to_build(registry_module.current(), families, target)
+    results, failures = _build_all(variants, target.name, jobs)
+    console.print(f"kgen build for {target.name} ({len(variants)} variants)", highlight=False)
+    problems = _report(variants, results, failures, target)
+    for line in problems:
+        echo_error(line)
+    if problems:
         sys.exit(1)
+
+
+def _variants_to_build(reg: Registry, families: tuple[str, ...], target: Arch) -> list[Variant]:
+    """The chosen families' variants that can run on ``target``; one line per family about those that cannot."""
+    for name in families:
+        reg.family(name)  # an unknown name is an error listing the known families
+    chosen = [v for v in reg.variants() if not families or v.family.name in families]
+    variants = [v for v in chosen if v.supports_sm(target.sm)]
+    skipped: dict[str, list[Variant]] = {}
+    for variant in chosen:
+        if not variant.supports_sm(target.sm):
+            skipped.setdefault(variant.family.name, []).append(variant)
+    for name, members in skipped.items():
+        family = members[0].family
+        echo_error(f"skip: {name}: {len(members)} of {len(family.variants)} variants need sm_{family.min_sm} or "
+                   f"newer (min_sm in its spec); not built for {target.name}")
+    if not variants:
+        where = f"families {list(families)}" if families else f"the spec path {[str(d) for d in reg.spec_dirs]}"
+        raise CommandError(f"nothing to build for {target.name}: {where} "
+                           f"{'declares no variant' if not chosen else 'has no variant for this arch'}")
+    return variants
+
+
+def _build_all(variants: list[Variant], arch: str, jobs: int) -> tuple[dict, dict[str, str]]:
+    """Build on ``jobs`` threads; return the results and the failures (messages), both by variant name."""
+    results, failures = {}, {}
+    with _progress(len(variants), arch) as show, ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(jit.build, v, arch): v for v in variants}
+        pending = set(futures)
+        try:
+            while pending:
+                # A timeout, so that a log gets its progress line even while one long compile runs.
+                done, pending = wait(pending, timeout=PROGRESS_INTERVAL_S, return_when=FIRST_COMPLETED)
+                for future in done:
+                    name = futures[future].name
+                    try:
+                        results[name] = future.result()
+                    except (CompileError, RenderError, ValueError) as exc:  # this variant cannot be built
+                        failures[name] = str(exc)
+                show(len(variants) - len(pending))
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # an error or Ctrl-C: do not compile the rest first
+            raise
+    return results, failures
+
+
+@contextlib.contextmanager
+def _progress(total: int, arch: str) -> Iterator[Callable[[int], None]]:
+    """A function taking the number of variants done: a rich bar on a terminal, else a line every few seconds."""
+    if _stderr.is_terminal:
+        bar = Progress(TextColumn("[bold]build[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), console=_stderr, transient=True)
+        with bar:
+            task = bar.add_task(arch, total=total)
+            yield lambda done: bar.update(task, completed=done)
+        return
+    started = last = time.monotonic()
+
+    def line(done: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= PROGRESS_INTERVAL_S or done == total:
+            last = now
+            echo_error(f"build: {done}/{total} done, {now - started:.1f} s")
+
+    yield line
+
+
+def _report(variants: list[Variant], results: dict, failures: dict[str, str], target: Arch) -> list[str]:
+    """Print one resource table per family; return a line per problem (a failure, spills, too much shared memory)."""
+    problems = [f"FAILED {name}\n{message}" for name, message in failures.items()]
+    limit = target.max_smem_per_block
+    if limit is None:
+        echo_error(f"note: kgen knows no shared-memory limit for {target.name}; shared memory is not checked")
+    by_family: dict[str, list[Variant]] = {}
+    for variant in variants:
+        by_family.setdefault(variant.family.name, []).append(variant)
+    for family_name, members in by_family.items():
+        # No vertical rules: at 80 columns the label needs the room (a row of attention's is about 100 characters).
+        table = Table(title=f"{escape(family_name)} ({len(members)} variants)", title_justify="left",
+                      box=box.SIMPLE_HEAD, show_lines=True, pad_edge=False, collapse_padding=True)
+        table.add_column("variant")
+        for column in ("regs", "spills", "smem", "dyn smem", "ms", "cache"):
+            table.add_column(column, justify="right", no_wrap=True)
+        for variant in members:
+            result = results.get(variant.name)
+            if result is None:
+                table.add_row(_short_label(variant), "-", "-", "-", "-", "-", "[red]FAILED[/red]")
+                continue
+            entries = result.record.entries.values()
+            static = max((e.static_smem_bytes for e in entries), default=0)
+            kernel_layout = layout.layout_of(variant)
+            dynamic = kernel_layout.dynamic_smem_bytes if kernel_layout is not None else None
+            spills = result.record.spills
+            if spills and not variant.family.allow_spills:
+                problems.append(f"SPILLS {variant.name} spills registers and its spec does not allow spills")
+            total = static + (dynamic or 0)
+            too_much = limit is not None and total > limit
+            if too_much:
+                problems.append(f"SMEM {variant.name} needs {total} bytes of shared memory ({static} static + "
+                                f"{dynamic or 0} dynamic), over the {limit} a block may have on {target.name}")
+            table.add_row(
+                _short_label(variant),
+                str(max((e.registers for e in entries), default=0)),
+                f"[red]{spills}[/red]" if spills else "0",
+                str(static),
+                "-" if dynamic is None else f"[red]{dynamic}[/red]" if too_much else str(dynamic),
+                "-" if result.cache_hit else f"{result.record.compile_ms:.0f}",
+                "hit" if result.cache_hit else "miss",
+            )
+        console.print(table)
+    return problems
 
 
 @cli.group("cache")
@@ -158,16 +274,20 @@ def cache_info() -> None:
 
 @cache_group.command("clear")
 def cache_clear() -> None:
-    """Delete every cached cubin."""
+    """Delete every cached cubin (and temporary files a killed build left)."""
     cache = DiskCache(config.cache_dir())
     click.echo(f"removed {cache.clear()} entries from {cache.root}")
+
+
+#: What kgen raises for bad input or an unusable environment: reported in one message, never as a traceback.
+KGEN_ERRORS = (SpecError, CompileError, RenderError, ValueError, OSError)
 
 
 def main() -> None:
     try:
         cli(standalone_mode=True)
-    except (SpecError, CompileError, RenderError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+    except KGEN_ERRORS as exc:
+        echo_error(f"error: {exc}")
         sys.exit(2)
 
 

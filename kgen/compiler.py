@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import io
 import re
 import time
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import cuda.pathfinder
+from cuda.bindings import nvrtc
 from cuda.core import Program, ProgramOptions
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
@@ -36,6 +38,11 @@ class EntryResources:
     spill_loads: int = 0
     stack_bytes: int = 0
     static_smem_bytes: int = 0
+
+
+#: Bumped whenever BuildRecord's fields or their meaning change; the cache key
+#: includes it, so records of another shape are never read back.
+RECORD_FORMAT = 1
 
 
 @dataclass
@@ -64,7 +71,11 @@ class BuildRecord:
 
 
 class CompileError(RuntimeError):
-    """NVRTC rejected a rendered variant; the message quotes the offending lines."""
+    """A rendered variant did not compile into what its spec declares.
+
+    NVRTC rejected it (the message quotes the offending lines), or the cubin
+    lacks an entry the spec names.
+    """
 
 
 def parse_ptxas_log(log: str) -> dict[str, EntryResources]:
@@ -142,6 +153,31 @@ def forget_headers() -> None:
     _closure_digest.cache_clear()
 
 
+@functools.lru_cache(maxsize=1)
+def nvrtc_version() -> str:
+    """The loaded NVRTC's version, as precisely as it can be told (``13.0 nvidia-cuda-nvrtc 13.0.88``).
+
+    ``nvrtcVersion`` says only major.minor, and a patch release can change the
+    code it generates; so the version of the wheel that holds the loaded
+    library is added, or else the library's resolved file name, which a CUDA
+    toolkit spells with the full version (``libnvrtc.so.13.0.88``).
+    """
+    result, major, minor = nvrtc.nvrtcVersion()
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"nvrtcVersion failed: {result}")
+    library = Path(cuda.pathfinder.load_nvidia_dynamic_lib("nvrtc").abs_path).resolve()
+    return f"{major}.{minor} {_wheel_version_of(library) or library.name}"
+
+
+def _wheel_version_of(library: Path) -> str | None:
+    try:
+        wheel = importlib.metadata.distribution("nvidia-cuda-nvrtc")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    owned = any(Path(wheel.locate_file(f)).resolve() == library for f in wheel.files or ())
+    return f"nvidia-cuda-nvrtc {wheel.version}" if owned else None
+
+
 def program_options(arch: str, name: str) -> ProgramOptions:
     return ProgramOptions(
         name=name,
@@ -171,7 +207,8 @@ def compile_cubin(source: str, arch: str, variant_name: str) -> tuple[bytes, Bui
     try:
         code = Program(source, "c++", options=program_options(arch, PROGRAM_NAME)).compile("cubin", logs=log)
     except Exception as exc:  # cuda.core raises its NVRTCError (not public API) with the log in the message
-        message = str(exc)
+        # The log is a C string: its terminating NUL comes along, and must not reach a terminal or a CI log.
+        message = str(exc).replace("\x00", "")
         raise CompileError(
             f"NVRTC failed to compile {variant_name} for {arch}:\n{message}\n"
             f"Rendered lines (run `kgen render` for the whole source):\n{_quote_errors(source, message)}"

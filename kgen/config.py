@@ -1,8 +1,14 @@
-"""Every setting kgen reads from the environment, in one place.
+"""Every setting kgen reads from the environment, and where its built-in files live, in one place.
 
 Each knob is read when it is asked for, so a test (or a user) can change the
 environment, or use :func:`overrides`, without reloading modules. Nothing else
 in kgen touches ``os.environ``.
+
+Built-in specs and templates: a source checkout (an editable install too) keeps
+them in its top-level ``specs/`` and ``templates/``; the wheel carries the same
+files inside the package, as ``kgen/_builtin/specs`` and
+``kgen/_builtin/templates`` (``pyproject.toml`` maps them). Where the packaged
+copy exists, kgen is installed.
 """
 
 from __future__ import annotations
@@ -12,11 +18,19 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-#: The source checkout kgen was imported from; ``templates/``, ``specs/`` and
-#: the default ``cache/`` live here.
-REPO_ROOT = Path(__file__).resolve().parent.parent
-BUILTIN_TEMPLATE_DIR = REPO_ROOT / "templates"
-BUILTIN_SPEC_DIR = REPO_ROOT / "specs"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGED_DATA = _PACKAGE_DIR / "_builtin"
+#: True for a wheel install, False for a source checkout (editable or on ``sys.path``).
+INSTALLED = (_PACKAGED_DATA / "specs").is_dir()
+#: The source checkout kgen was imported from, or None when it is installed.
+CHECKOUT = None if INSTALLED else _PACKAGE_DIR.parent
+BUILTIN_TEMPLATE_DIR = (_PACKAGED_DATA if INSTALLED else CHECKOUT) / "templates"
+BUILTIN_SPEC_DIR = (_PACKAGED_DATA if INSTALLED else CHECKOUT) / "specs"
+
+
+class SettingError(ValueError):
+    """An environment setting kgen cannot use; the message names the variable and the value."""
+
 
 _overrides: dict[str, str | None] = {}
 
@@ -29,21 +43,49 @@ def _get(name: str) -> str | None:
 
 
 def cache_dir() -> Path:
-    """``KGEN_CACHE_DIR``, else the checkout's ``cache/``."""
+    """``KGEN_CACHE_DIR``, else the checkout's ``cache/``, else (installed) the user cache dir."""
     value = _get("KGEN_CACHE_DIR")
-    return Path(value).expanduser() if value else REPO_ROOT / "cache"
+    if value:
+        return Path(value).expanduser()
+    return CHECKOUT / "cache" if CHECKOUT is not None else user_cache_dir()
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/kgen``, else ``~/.cache/kgen``.
+
+    The XDG Base Directory spec says a relative ``XDG_CACHE_HOME`` is invalid and
+    is to be ignored, so it is.
+    """
+    value = _get("XDG_CACHE_HOME")
+    base = Path(value) if value and Path(value).is_absolute() else Path.home() / ".cache"
+    return base / "kgen"
 
 
 def user_spec_dirs() -> list[Path]:
-    """``KGEN_SPEC_PATH``: extra spec folders, ``os.pathsep``-separated, searched before the built-in one."""
+    """``KGEN_SPEC_PATH``: extra spec folders, ``os.pathsep``-separated, searched before the built-in one.
+
+    Empty items (``a::b``, a trailing separator) are skipped, as in ``PATH``; an
+    item that is missing or not a folder is a :class:`SettingError`, since a
+    mistyped folder would otherwise drop its variants without a word.
+    """
     value = _get("KGEN_SPEC_PATH")
     if not value:
         return []
-    return [Path(p).expanduser() for p in value.split(os.pathsep) if p]
+    folders = []
+    for item in value.split(os.pathsep):
+        if not item:
+            continue
+        folder = Path(item).expanduser()
+        if not folder.exists():
+            raise SettingError(f"KGEN_SPEC_PATH: spec folder {folder} does not exist")
+        if not folder.is_dir():
+            raise SettingError(f"KGEN_SPEC_PATH: {folder} is not a folder")
+        folders.append(folder)
+    return folders
 
 
 def arch_override() -> str | None:
-    """``KGEN_ARCH`` (say ``sm_90a``): compile for this arch instead of the current device's."""
+    """``KGEN_ARCH`` (say ``sm_90a``): compile for this arch instead of the current device's (checked by kgen.arch)."""
     return _get("KGEN_ARCH")
 
 

@@ -2,6 +2,9 @@
 
 ``build`` needs no GPU (it is what ``kgen build`` and CI run); ``load`` adds the
 driver step and keeps the module in memory, so a repeated call touches no disk.
+Before anything is rendered, ``build`` checks the arch (kgen.arch) and that the
+variant's spec allows it (``min_sm``); after, that the cubin holds every entry
+the spec names.
 """
 
 from __future__ import annotations
@@ -11,11 +14,16 @@ from dataclasses import dataclass
 
 from cuda.core import Device, Kernel, ObjectCode
 
+from kgen import arch as arch_module
 from kgen import config
 from kgen.cache import CacheEntry, DiskCache, cache_key, warn_once
-from kgen.compiler import BuildRecord, compile_cubin
+from kgen.compiler import BuildRecord, CompileError, compile_cubin
 from kgen.registry import Variant
 from kgen.render import render
+
+
+class UnsupportedArchError(ValueError):
+    """A variant's spec needs a newer arch (``min_sm``) than the one asked for."""
 
 
 @dataclass
@@ -35,18 +43,32 @@ def arch_of(major: int, minor: int) -> str:
 
 
 def device_arch() -> str:
-    """``KGEN_ARCH`` if set, else the current device's arch."""
+    """``KGEN_ARCH`` if set (and valid), else the current device's arch."""
     override = config.arch_override()
     if override:
-        return override
+        return arch_module.parse(override, "KGEN_ARCH").name
     cc = Device().compute_capability
     return arch_of(cc.major, cc.minor)
 
 
 def build(variant: Variant, arch: str | None = None) -> BuildResult:
-    """The cubin of ``variant`` for ``arch``, from the disk cache or compiled (and then cached)."""
-    arch = arch or device_arch()
+    """The cubin of ``variant`` for ``arch``, from the disk cache or compiled (and then cached).
+
+    Raises :class:`kgen.arch.ArchError` for an arch kgen cannot build for,
+    :class:`UnsupportedArchError` where the variant's spec needs a newer one, and
+    :class:`CompileError` if it does not compile into every entry its spec names.
+    """
+    target = arch_module.parse(arch, "arch") if arch else arch_module.parse(device_arch(), "device arch")
+    if not variant.supports_sm(target.sm):
+        raise UnsupportedArchError(f"{variant.name} needs sm_{variant.family.min_sm} or newer (min_sm in "
+                                   f"{variant.spec_path}); it cannot be built for {target.name}")
     source = render(variant)
+    result = _cached_or_compiled(variant, target.name, source)
+    _check_entries(result)
+    return result
+
+
+def _cached_or_compiled(variant: Variant, arch: str, source: str) -> BuildResult:
     key = cache_key(source, arch)
     cache = DiskCache(config.cache_dir())
     entry = cache.get(key)
@@ -67,12 +89,21 @@ def build(variant: Variant, arch: str | None = None) -> BuildResult:
             return BuildResult(variant, arch, key, entry.cubin, entry.record, cache_hit=True)
         cubin, record = compile_cubin(source, arch, variant.name)
         try:
-            cache.put(key, CacheEntry(cubin, record, variant.name))
+            cache.put(CacheEntry(key, cubin, record, variant.name))
         except OSError as exc:
             warn_once("unwritable", str(cache.root), f"kgen: cannot write to cache folder {cache.root} ({exc})")
         return BuildResult(variant, arch, key, cubin, record, cache_hit=False)
     finally:
         lock.release()
+
+
+def _check_entries(result: BuildResult) -> None:
+    # ptxas -v lists every entry it compiled; a name the spec lists that is not there would only fail at launch.
+    variant = result.variant
+    missing = [e for e in variant.family.entries if e not in result.record.entries]
+    if missing:
+        raise CompileError(f"{variant.name}: the compiled code has no entry {', '.join(missing)} named in its spec "
+                           f"({variant.spec_path}); compiled entries: {', '.join(sorted(result.record.entries)) or 'none'}")
 
 
 class KernelModule:

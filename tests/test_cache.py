@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import stat
 import warnings
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import kgen.config
 import kgen.jit
 import kgen.registry
 import kgen.render
-from kgen.cache import CacheEntry, DiskCache, cache_key, decode_entry, encode_entry
+from kgen.cache import LOCK_STRIPES, CacheEntry, CacheError, DiskCache, cache_key, decode_entry, encode_entry
 from kgen.compiler import BuildRecord, EntryResources
 
 ARCH = "sm_90a"
@@ -30,13 +31,13 @@ def _merge_variant(**params):
     return kgen.registry.current().family("merge_attention_states").select(**base)
 
 
-def _sample_entry(cubin: bytes = b"\x7fELF" + bytes(range(256)) * 3) -> CacheEntry:
+def _sample_entry(cubin: bytes = b"\x7fELF" + bytes(range(256)) * 3, key: str = "aa") -> CacheEntry:
     record = BuildRecord(arch=ARCH, compile_ms=12.5, entries={
         "merge_states_2": EntryResources(registers=48, spill_stores=4, spill_loads=8, stack_bytes=16,
                                          static_smem_bytes=1024),
         "merge_states_n": EntryResources(registers=64),
     })
-    return CacheEntry(cubin=cubin, record=record, variant_name="fam[a=1,b=true]")
+    return CacheEntry(key=key, cubin=cubin, record=record, variant_name="fam[a=1,b=true]")
 
 
 def _stray_files(folder: Path) -> list[Path]:
@@ -143,6 +144,39 @@ def test_cache_key_follows_includes_relative_to_the_including_header(include_fol
     assert cache_key(source, ARCH) != before
 
 
+def test_cache_key_names_no_include_folder_only_header_content(tmp_path, monkeypatch):
+    # The same headers in two venvs (two folders) give one key; the folder is not part of it.
+    source = '#include "kgen_test_same.h"\n' + SOURCE
+    keys = {}
+    for name, text in [("venv_a", "#define SAME 1\n"), ("venv_b", "#define SAME 1\n"), ("venv_c", "#define SAME 2\n")]:
+        folder = tmp_path / name / "include"
+        folder.mkdir(parents=True)
+        (folder / "kgen_test_same.h").write_text(text)
+        monkeypatch.setattr(kgen.compiler, "include_dirs", lambda folder=folder: (str(folder),))
+        kgen.compiler.forget_headers()
+        keys[name] = cache_key(source, ARCH)
+    assert keys["venv_a"] == keys["venv_b"] != keys["venv_c"]
+
+
+@pytest.mark.parametrize("name,value", [
+    ("nvrtc_version", lambda: "13.0 nvidia-cuda-nvrtc 13.0.999"),
+    ("RECORD_FORMAT", 999),
+    ("_MAGIC", b"KGENCUBIN999"),
+], ids=["nvrtc-full-version", "record-format", "entry-format"])
+def test_cache_key_depends_on_toolchain_and_formats(monkeypatch, name, value):
+    before = cache_key(SOURCE, ARCH)
+    monkeypatch.setattr(kgen.cache, name, value)
+    assert cache_key(SOURCE, ARCH) != before
+
+
+def test_nvrtc_version_is_more_precise_than_major_minor():
+    import importlib.metadata
+
+    version = kgen.compiler.nvrtc_version()
+    # nvrtcVersion says 13.0; the wheel the loaded library comes from says 13.0.<patch>.
+    assert version == f"13.0 nvidia-cuda-nvrtc {importlib.metadata.version('nvidia-cuda-nvrtc')}"
+
+
 def test_cache_key_changes_when_included_header_appears(include_folder):
     source = '#include "kgen_test_late.h"\n' + SOURCE
     missing = cache_key(source, ARCH)
@@ -168,14 +202,14 @@ entry_records = st.builds(
 @settings(max_examples=100, deadline=None)
 @given(cubin=st.binary(max_size=2048), record=entry_records, name=st.text(max_size=60))
 def test_entry_round_trip(cubin, record, name):
-    entry = CacheEntry(cubin=cubin, record=record, variant_name=name)
+    entry = CacheEntry(key="k" * 64, cubin=cubin, record=record, variant_name=name)
     assert decode_entry(encode_entry(entry)) == entry
 
 
 def test_entry_round_trip_of_a_real_build(cache_dir):
     result = kgen.jit.build(_merge_variant(), ARCH)
     entry = decode_entry(DiskCache(cache_dir).entries()[0].read_bytes())
-    assert entry == CacheEntry(result.cubin, result.record, result.variant.name)
+    assert entry == CacheEntry(result.key, result.cubin, result.record, result.variant.name)
 
 
 SAMPLE_BLOB = encode_entry(_sample_entry())
@@ -221,10 +255,27 @@ def test_disk_cache_get_treats_any_flipped_byte_as_a_miss(tmp_path, position, ma
     cache = DiskCache(tmp_path)
     blob = bytearray(SAMPLE_BLOB)
     blob[position] ^= mask
-    cache._path("k").write_bytes(bytes(blob))
+    cache._path("aa").write_bytes(bytes(blob))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        assert cache.get("k") is None
+        assert cache.get("aa") is None
+
+
+def test_an_entry_under_another_key_is_corrupt(cache_dir, monkeypatch):
+    # A valid entry of one variant copied over another's file must not be served for the other.
+    monkeypatch.setattr(kgen.cache, "_warned", set())
+    a, b = _merge_variant(head_dim=64), _merge_variant(head_dim=128)
+    first_a, first_b = kgen.jit.build(a, ARCH), kgen.jit.build(b, ARCH)
+    cache = DiskCache(cache_dir)
+    cache._path(first_b.key).write_bytes(cache._path(first_a.key).read_bytes())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cache.get(first_b.key) is None
+        again = kgen.jit.build(b, ARCH)
+    [warning] = [w for w in caught if "corrupt" in str(w.message)]
+    assert first_a.key in str(warning.message) and str(cache._path(first_b.key)) in str(warning.message)
+    assert again.cache_hit is False and again.cubin == first_b.cubin
+    assert kgen.jit.build(b, ARCH).cache_hit is True
 
 
 # --------------------------------------------------------------------------- corrupt entries through build
@@ -309,30 +360,33 @@ def test_cache_folder_beneath_a_file(tmp_path, monkeypatch):
 def test_put_leaves_only_the_entry(tmp_path):
     cache = DiskCache(tmp_path / "cache")
     assert cache.entries() == []  # no folder yet
-    entry = _sample_entry()
-    cache.put("aa", entry)
-    cache.put("bb", entry)
-    cache.put("aa", _sample_entry(b"other"))  # replacing an entry
+    entry = _sample_entry(key="bb")
+    cache.put(_sample_entry(key="aa"))
+    cache.put(entry)
+    cache.put(_sample_entry(b"other", key="aa"))  # replacing an entry
     assert sorted(p.name for p in cache.root.iterdir()) == ["aa.cubin.kgen", "bb.cubin.kgen"]
     assert cache.entries() == [cache.root / "aa.cubin.kgen", cache.root / "bb.cubin.kgen"]
     assert cache.get("aa").cubin == b"other"
     assert cache.get("bb") == entry
 
 
-def test_entries_lists_only_entries(tmp_path):
+def test_entries_lists_only_entries_and_clear_removes_them_and_orphans(tmp_path):
     cache = DiskCache(tmp_path / "cache")
-    cache.put("aa", _sample_entry())
+    cache.put(_sample_entry())
     with cache.lock("aa"):
         pass
-    (cache.root / ".leftover.tmp").write_bytes(b"x")
+    (cache.root / ".leftover.tmp").write_bytes(b"x")  # what a writer killed before its rename leaves
     (cache.root / "notes.txt").write_text("x")
     (cache.root / "sub").mkdir()
     (cache.root / "sub" / "cc.cubin.kgen").write_bytes(b"x")
-    assert (cache.root / "locks" / "aa.lock").exists()
+    [lock_file] = (cache.root / "locks").iterdir()
     assert cache.entries() == [cache.root / "aa.cubin.kgen"]
     assert cache.clear() == 1
-    assert cache.entries() == [] and not (cache.root / "locks").exists()
-    assert (cache.root / "notes.txt").exists()
+    assert cache.entries() == []
+    assert not (cache.root / ".leftover.tmp").exists()
+    # Lock files stay (there are at most LOCK_STRIPES of them); other files are not the cache's to remove.
+    assert lock_file.exists()
+    assert (cache.root / "notes.txt").exists() and (cache.root / "sub" / "cc.cubin.kgen").exists()
 
 
 def test_put_publishes_a_complete_file_by_rename(tmp_path, monkeypatch):
@@ -349,7 +403,7 @@ def test_put_publishes_a_complete_file_by_rename(tmp_path, monkeypatch):
         real_replace(src, dst)
 
     monkeypatch.setattr(kgen.cache.os, "replace", spy)
-    cache.put("aa", entry)
+    cache.put(entry)
     [(src, dst, existed, published)] = calls
     assert dst == cache.root / "aa.cubin.kgen"
     assert src.parent == cache.root and src != dst and not existed
@@ -360,7 +414,7 @@ def test_put_publishes_a_complete_file_by_rename(tmp_path, monkeypatch):
 @pytest.mark.parametrize("fail_in", ["encode_entry", "replace"])
 def test_failed_put_leaves_nothing(tmp_path, monkeypatch, fail_in):
     cache = DiskCache(tmp_path / "cache")
-    cache.put("old", _sample_entry())
+    cache.put(_sample_entry(key="old"))
 
     def boom(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -370,7 +424,7 @@ def test_failed_put_leaves_nothing(tmp_path, monkeypatch, fail_in):
     else:
         monkeypatch.setattr(kgen.cache, "encode_entry", boom)
     with pytest.raises(OSError, match="No space"):
-        cache.put("aa", _sample_entry())
+        cache.put(_sample_entry())
     assert sorted(p.name for p in cache.root.iterdir()) == ["old.cubin.kgen"]
     assert cache.entries() == [cache.root / "old.cubin.kgen"]
 
@@ -454,3 +508,76 @@ def test_concurrent_builds_compile_once(tmp_path):
     assert [p.name for p in entries] == [f"{outcomes[0][3]}.cubin.kgen"]
     assert decode_entry(entries[0].read_bytes()).cubin == outcomes[0][2]
     assert not _stray_files(cache)
+
+
+# --------------------------------------------------------------------------- shared caches: modes, locks, clear
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_entries_are_created_under_the_umask(tmp_path, umask, mode):
+    # A group-shared cache (umask 002) gets group-readable entries, as any file the user writes.
+    previous = os.umask(umask)
+    try:
+        DiskCache(tmp_path / "cache").put(_sample_entry())
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "cache" / "aa.cubin.kgen").stat().st_mode) == mode
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.text(min_size=1, max_size=80))
+def test_a_key_s_lock_is_one_of_a_fixed_set(tmp_path, key):
+    cache = DiskCache(tmp_path / "cache")
+    path = Path(cache.lock(key).lock_file)
+    assert path == Path(cache.lock(key).lock_file)  # the same key, the same lock, every time
+    assert path.parent == cache.root / "locks"
+    assert path.name in {f"{i:03d}.lock" for i in range(LOCK_STRIPES)}
+
+
+def test_lock_files_do_not_grow_with_the_number_of_keys(tmp_path):
+    cache = DiskCache(tmp_path / "cache")
+    for n in range(3 * LOCK_STRIPES):
+        with cache.lock(cache_key(f"// {n}\n" + SOURCE, ARCH)):
+            pass
+    assert len(list((cache.root / "locks").iterdir())) <= LOCK_STRIPES
+
+
+def test_clear_waits_for_a_builder_holding_a_lock(tmp_path):
+    # A builder between compiling and publishing holds its key's lock; clear must not delete its temporary file.
+    import threading
+
+    cache = DiskCache(tmp_path / "cache")
+    cache.put(_sample_entry())
+    lock = cache.lock("some key")
+    lock.acquire()
+    removed = []
+    clearer = threading.Thread(target=lambda: removed.append(DiskCache(cache.root).clear()))
+    clearer.start()
+    clearer.join(timeout=1.0)
+    assert clearer.is_alive() and not removed
+    lock.release()
+    clearer.join(timeout=30)
+    assert removed == [1] and cache.entries() == []
+
+
+def test_clear_of_an_unwritable_cache_says_so(tmp_path, monkeypatch):
+    # Tests run as root, where chmod makes nothing read-only: the file system's answer is simulated.
+    cache = DiskCache(tmp_path / "cache")
+    cache.put(_sample_entry())
+    entry = cache.entries()[0]
+
+    def read_only(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(kgen.cache.Path, "unlink", read_only)
+    with pytest.raises(CacheError) as info:
+        cache.clear()
+    message = str(info.value)
+    assert message == (f"cannot clear the cache {cache.root}: {entry}: Permission denied; "
+                       "the cache is read-only to this user")
+    assert isinstance(info.value, OSError)
+
+
+def test_clear_of_a_missing_cache_creates_nothing(tmp_path):
+    assert DiskCache(tmp_path / "nowhere").clear() == 0
+    assert not (tmp_path / "nowhere").exists()

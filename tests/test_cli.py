@@ -1,8 +1,9 @@
 """The ``kgen`` command (kgen.cli): list, render, build, cache; no GPU needed (``--arch sm_90a``).
 
-In-process runs use click's CliRunner on ``kgen.cli.cli``; exit codes that
-``kgen.cli.main`` maps (SpecError/ValueError → 2) are checked by running
-``python -m kgen`` in a subprocess.
+In-process runs use click's CliRunner on ``kgen.cli.cli`` (not a terminal, so
+progress comes as lines); what ``kgen.cli.main`` does with kgen's errors (one
+``error: ...`` line on stderr, exit 2) is checked by running ``python -m kgen``
+in a subprocess.
 """
 
 from __future__ import annotations
@@ -16,9 +17,15 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kgen import config, registry
-from kgen.cli import cli
+import kgen
+import kgen.cli
+import kgen.layout
+from kgen import arch, config, registry
+from kgen.cache import DiskCache
+from kgen.cli import cli, printable
 from kgen.compiler import compile_cubin
 from kgen.render import render
 from kgen.spec import load_spec_file
@@ -29,7 +36,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # 64 floats live at once under __launch_bounds__(1024, 2) (at most 32 registers a thread): ptxas must spill.
 SPILL_TEMPLATE = r"""
-extern "C" __global__ void __launch_bounds__(1024, 2) spill(const float* __restrict__ in, float* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__(1024, 2) {{ entries[0] }}(const float* __restrict__ in, float* __restrict__ out) {
     float a[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) a[i] = in[threadIdx.x + i * 1024];
@@ -42,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(1024, 2) spill(const float* __restr
 """
 
 TINY_TEMPLATE = r"""
-extern "C" __global__ void tiny(float* out) { out[threadIdx.x] = {{ num_warps }}.f; }
+extern "C" __global__ void {{ entries[0] }}(float* out) { out[threadIdx.x] = {{ num_warps }}.f; }
 """
 
 
@@ -82,14 +89,19 @@ def run_kgen(args: list[str], env: dict, timeout: float = 300) -> subprocess.Com
 
 
 def make_family(root: Path, family: str, template: str, *, allow_spills: bool | None = None,
-                num_warps: list[int] = (1,)) -> Path:
-    """A user spec folder with one new family (template file next to its spec); returns the folder."""
+                num_warps: list[int] = (1,), entries: list[str] | None = None, min_sm: int | None = None) -> Path:
+    """A user spec folder with one new family (template file next to its spec); returns the folder.
+
+    The entries default to ``[<family>_entry]``, the name the templates here give their kernel.
+    """
     folder = root / f"specs_{family}"
     folder.mkdir(parents=True, exist_ok=True)
-    lines = [f"family: {family}", f"template: {family}.cu.j2", f"entries: [{family}_entry]",
+    lines = [f"family: {family}", f"template: {family}.cu.j2", f"entries: {entries or [family + '_entry']}",
              f"axes: {{num_warps: {list(num_warps)}}}"]
     if allow_spills is not None:
         lines.append(f"allow_spills: {'true' if allow_spills else 'false'}")
+    if min_sm is not None:
+        lines.append(f"min_sm: {min_sm}")
     (folder / f"{family}.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (folder / f"{family}.cu.j2").write_text(textwrap.dedent(template), encoding="utf-8")
     return folder
@@ -103,7 +115,27 @@ def builtin_variant_count() -> int:
     return len(load_spec_file(BUILTIN_SPEC).assignments)
 
 
-# --------------------------------------------------------------------------- list / render
+def table_rows(stdout: str, family: str) -> list[list[str]]:
+    """The first line of each row of ``family``'s build table, split into cells (label, regs, spills, ...)."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{family} ("))
+    rows = []
+    for line in lines[start + 1:]:
+        if re.match(r"^\S+ \(\d+ variants\)", line):
+            break  # the next family's table
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) == 7 and cells[-1] in ("hit", "miss", "FAILED"):
+            rows.append(cells)
+    return rows
+
+
+# --------------------------------------------------------------------------- list / render / version
+
+
+def test_version(env):
+    result = invoke(["--version"], env)
+    assert result.exit_code == 0
+    assert result.stdout == f"kgen, version {kgen.__version__}\n"
 
 
 def test_list_shows_the_family_and_its_variants(env):
@@ -149,13 +181,20 @@ def test_render_parses_booleans_and_ints(env):
     assert "using T = float;" in result.output
 
 
+def assert_one_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """``main()``'s way with a kgen error: exit 2, nothing on stdout, one ``error:`` message on stderr."""
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("error: "), proc.stderr
+    assert proc.stderr.count("error: ") == 1 and "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, (needle, proc.stderr)
+    return proc.stderr
+
+
 def test_render_of_an_unsupported_head_dim_exits_2_listing_what_is_supported(env):
     proc = run_kgen(["render", FAMILY, "head_dim=80", "dtype=bf16"], env)
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert "supported" in proc.stdout
-    assert "head_dim=80" in proc.stdout
-    assert "Traceback" not in proc.stderr
-    assert "__launch_bounds__" not in proc.stdout
+    assert_one_error(proc, "supported", "head_dim=80")
     # In process the error propagates as UnsupportedVariantError (main turns it into exit code 2).
     result = invoke(["render", FAMILY, "head_dim=80"], env)
     assert isinstance(result.exception, registry.UnsupportedVariantError)
@@ -167,10 +206,7 @@ def test_render_of_an_unsupported_head_dim_exits_2_listing_what_is_supported(env
     (["render", FAMILY, "bogus_axis=1"], "no axis ['bogus_axis']"),
 ])
 def test_render_errors_exit_2(env, args, needle):
-    proc = run_kgen(args, env)
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert needle in proc.stdout
-    assert "Traceback" not in proc.stderr
+    assert_one_error(run_kgen(args, env), needle)
 
 
 def test_render_rejects_a_parameter_without_equals(env):
@@ -183,17 +219,29 @@ def test_a_bad_user_spec_exits_2_with_file_and_line(env, tmp_path):
     folder = tmp_path / "bad_specs"
     folder.mkdir()
     (folder / "bad.yaml").write_text("family: bad\ntemplate: bad.cu.j2\nentries: [k]\naxes:\n  tail: [dma]\n")
-    proc = run_kgen(["--spec-path", str(folder), "list"], env)
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    flat = proc.stdout.replace("\n", "")
-    assert "bad.yaml:5: axes.tail[0]" in flat
-    assert "Traceback" not in proc.stderr
+    stderr = assert_one_error(run_kgen(["--spec-path", str(folder), "list"], env))
+    assert "bad.yaml:5: axes.tail[0]" in stderr
+    assert stderr.count("\n") == 1  # unwrapped: one line, however long
 
 
 def test_a_missing_spec_path_is_a_usage_error(env, tmp_path):
     result = invoke(["--spec-path", str(tmp_path / "missing"), "list"], env)
     assert result.exit_code == 2
     assert "does not exist" in result.output
+
+
+@pytest.mark.parametrize("problem", ["missing", "a file"])
+def test_a_bad_kgen_spec_path_entry_is_an_error_naming_it(env, tmp_path, problem):
+    entry = tmp_path / "not_there"
+    if problem == "a file":
+        entry.write_text("family: x\n")
+    good = make_family(tmp_path, "tiny", TINY_TEMPLATE)
+    value = os.pathsep.join([str(good), str(entry)])
+    expected = f"{entry} does not exist" if problem == "missing" else f"{entry} is not a folder"
+    for command in (["list"], ["build", "--arch", "sm_90a"]):
+        assert_one_error(run_kgen(command, {**env, "KGEN_SPEC_PATH": value}), "KGEN_SPEC_PATH", expected)
+    with config.overrides(KGEN_SPEC_PATH=value), pytest.raises(config.SettingError, match=re.escape(expected)):
+        config.user_spec_dirs()
 
 
 # --------------------------------------------------------------------------- build / cache
@@ -203,14 +251,18 @@ def test_build_compiles_every_variant_then_hits_the_cache(env, cache_dir):
     count = builtin_variant_count()
     first = invoke(["build", "--arch", "sm_90a", "--family", FAMILY], env)
     assert first.exit_code == 0, first.output
-    assert f"kgen build for sm_90a ({count} variants)" in first.output
-    assert cache_cells(first.output) == ["miss"] * count
+    assert f"kgen build for sm_90a ({count} variants)" in first.stdout
+    rows = table_rows(first.stdout, FAMILY)
+    assert [r[-1] for r in rows] == ["miss"] * count
+    assert all(float(r[5]) > 0 for r in rows)  # a miss shows its compile time
     assert "FAILED" not in first.output and "SPILLS" not in first.output
     assert len(list(cache_dir.glob("*.cubin.kgen"))) == count
 
     second = invoke(["build", "--arch", "sm_90a", "--family", FAMILY], env)
     assert second.exit_code == 0, second.output
-    assert cache_cells(second.output) == ["hit"] * count
+    rows = table_rows(second.stdout, FAMILY)
+    assert [r[-1] for r in rows] == ["hit"] * count
+    assert [r[5] for r in rows] == ["-"] * count  # a hit compiled nothing: no (old) compile time
 
     info = invoke(["cache", "info"], env)
     assert info.exit_code == 0, info.output
@@ -219,11 +271,11 @@ def test_build_compiles_every_variant_then_hits_the_cache(env, cache_dir):
     size = int(re.search(r"bytes: (\d+)", info.output).group(1))
     assert size == sum(p.stat().st_size for p in cache_dir.glob("*.cubin.kgen")) > 0
 
+    (cache_dir / ".0123abcd.deadbeef.tmp").write_bytes(b"half an entry")  # left by a killed build
     cleared = invoke(["cache", "clear"], env)
     assert cleared.exit_code == 0, cleared.output
     assert f"removed {count} entries from {cache_dir}" in cleared.output
-    assert list(cache_dir.glob("*.cubin.kgen")) == []
-    assert not (cache_dir / "locks").exists()
+    assert list(cache_dir.glob("*.cubin.kgen")) == [] and list(cache_dir.glob(".*.tmp")) == []
     assert "\nentries: 0\n" in invoke(["cache", "info"], env).output
 
 
@@ -242,9 +294,17 @@ def test_build_only_builds_the_named_family(env, tmp_path):
     folder = make_family(tmp_path, "tiny", TINY_TEMPLATE, num_warps=[1, 2, 4])
     result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "tiny"], env)
     assert result.exit_code == 0, result.output
-    assert "(3 variants)" in result.output
+    assert "(3 variants)" in result.stdout
     assert FAMILY not in result.output
-    assert len(cache_cells(result.output)) == 3
+    assert len(cache_cells(result.stdout)) == 3
+
+
+def test_build_of_an_unknown_family_names_the_known_ones(env, tmp_path):
+    folder = make_family(tmp_path, "tiny", TINY_TEMPLATE)
+    proc = run_kgen(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "tiny",
+                     "--family", "nosuch"], env)
+    assert_one_error(proc, "no kernel family 'nosuch'", "'tiny'", f"'{FAMILY}'")
+    assert not (Path(env["KGEN_CACHE_DIR"])).exists()  # refused before building the known one
 
 
 def test_build_takes_the_arch_from_kgen_arch(env, tmp_path):
@@ -252,6 +312,20 @@ def test_build_takes_the_arch_from_kgen_arch(env, tmp_path):
     result = invoke(["--spec-path", str(folder), "build", "--family", "tiny"], {**env, "KGEN_ARCH": "sm_90a"})
     assert result.exit_code == 0, result.output
     assert "kgen build for sm_90a (1 variants)" in result.output
+
+
+@pytest.mark.parametrize("bad", ["compute_90a", "sm_91", "bogus"])
+@pytest.mark.parametrize("where", ["--arch", "KGEN_ARCH"])
+def test_build_refuses_an_unknown_arch_in_one_line(env, tmp_path, bad, where):
+    folder = make_family(tmp_path, "tiny", TINY_TEMPLATE)
+    args = ["--spec-path", str(folder), "build", "--family", "tiny"]
+    if where == "--arch":
+        proc = run_kgen([*args, "--arch", bad], env)
+    else:
+        proc = run_kgen(args, {**env, "KGEN_ARCH": bad})
+    stderr = assert_one_error(proc, f"{where}: {bad!r} is not an arch", "supported: sm_75, ", "sm_90a", "sm_100f")
+    assert stderr.count("\n") == 1
+    assert not Path(env["KGEN_CACHE_DIR"]).exists()  # compute_90a once cached empty cubins with rc 0
 
 
 def test_build_without_an_arch_or_gpu_is_a_usage_error(env, tmp_path):
@@ -269,6 +343,35 @@ def test_build_without_an_arch_or_gpu_is_a_usage_error(env, tmp_path):
     assert "--arch" in result.output
 
 
+def test_build_skips_variants_needing_a_newer_arch_with_one_line_per_family(env, tmp_path):
+    hopper = make_family(tmp_path, "hopper_only", TINY_TEMPLATE, num_warps=[1, 2, 4], min_sm=90)
+    anywhere = make_family(tmp_path, "anywhere", TINY_TEMPLATE, num_warps=[1, 2])
+    args = ["--spec-path", str(hopper), "--spec-path", str(anywhere), "build", "--arch", "sm_80",
+            "--family", "hopper_only", "--family", "anywhere"]
+    result = invoke(args, env)
+    assert result.exit_code == 0, result.output
+    skips = [line for line in result.stderr.splitlines() if line.startswith("skip:")]
+    assert skips == ["skip: hopper_only: 3 of 3 variants need sm_90 or newer (min_sm in its spec); not built for sm_80"]
+    assert "kgen build for sm_80 (2 variants)" in result.stdout
+    assert [r[-1] for r in table_rows(result.stdout, "anywhere")] == ["miss", "miss"]
+    assert "hopper_only (" not in result.stdout and "ptxas" not in result.output
+
+    # For sm_90a nothing is skipped.
+    result = invoke([*args[:4], "build", "--arch", "sm_90a", *args[-4:]], env)
+    assert result.exit_code == 0, result.output
+    assert "skip:" not in result.stderr and "kgen build for sm_90a (5 variants)" in result.stdout
+
+
+def test_building_nothing_is_an_error(env, tmp_path):
+    hopper = make_family(tmp_path, "hopper_only", TINY_TEMPLATE, min_sm=90)
+    proc = run_kgen(["--spec-path", str(hopper), "build", "--arch", "sm_80", "--family", "hopper_only"], env)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.splitlines() == [
+        "skip: hopper_only: 1 of 1 variants need sm_90 or newer (min_sm in its spec); not built for sm_80",
+        "error: nothing to build for sm_80: families ['hopper_only'] has no variant for this arch",
+    ]
+
+
 def test_build_exits_1_when_a_variant_fails_to_compile(env, tmp_path):
     # num_warps=2 renders a C++ syntax error; num_warps=1 is fine and still gets built.
     folder = make_family(tmp_path, "broken", """
@@ -283,23 +386,34 @@ def test_build_exits_1_when_a_variant_fails_to_compile(env, tmp_path):
     result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "broken"], env)
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit)  # a reported failure, not a crash
-    assert "FAILED broken[num_warps=2]" in result.output
+    assert "FAILED broken[num_warps=2]" in result.stderr
     assert "FAILED broken[num_warps=1]" not in result.output
-    assert "NVRTC failed to compile broken[num_warps=2] for sm_90a" in result.output
-    assert "out[0] = 1.f +;" in result.output  # the offending rendered line is quoted
-    assert cache_cells(result.output) == ["miss"]  # the good variant was built
+    assert "NVRTC failed to compile broken[num_warps=2] for sm_90a" in result.stderr
+    assert "out[0] = 1.f +;" in result.stderr  # the offending rendered line is quoted
+    assert cache_cells(result.stdout) == ["miss"]  # the good variant was built
 
     proc = run_kgen(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "broken"], env)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
-    assert "FAILED broken[num_warps=2]" in proc.stdout
+    assert "FAILED broken[num_warps=2]" in proc.stderr and "FAILED" in proc.stdout  # the table row says so too
+    assert "NVRTC failed" not in proc.stdout
     assert "Traceback" not in proc.stderr
+    assert "\x00" not in proc.stderr + proc.stdout  # NVRTC's log ends in a NUL
+
+
+def test_build_fails_a_spec_entry_missing_from_the_cubin(env, tmp_path):
+    folder = make_family(tmp_path, "misnamed", TINY_TEMPLATE, entries=["misnamed_entry", "misnamed_other"])
+    result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "misnamed"], env)
+    assert result.exit_code == 1, result.output
+    assert "FAILED misnamed[num_warps=1]" in result.stderr
+    assert "has no entry misnamed_other named in its spec" in result.stderr
 
 
 def test_the_spill_template_really_spills():
     """Precondition of the spill tests: ptxas reports spills for SPILL_TEMPLATE."""
     from jinja2 import Template
 
-    _, record = compile_cubin(Template(SPILL_TEMPLATE).render(num_warps=1), "sm_90a", "spill_check")
+    source = Template(SPILL_TEMPLATE).render(num_warps=1, entries=["spill"])
+    _, record = compile_cubin(source, "sm_90a", "spill_check")
     assert record.spills > 0
     assert record.entries["spill"].registers <= 32
 
@@ -309,12 +423,12 @@ def test_build_exits_1_when_a_variant_spills(env, tmp_path):
     result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "spilly"], env)
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit)
-    assert "SPILLS spilly[num_warps=1] spills registers and its spec does not allow spills" in result.output
+    assert "SPILLS spilly[num_warps=1] spills registers and its spec does not allow spills" in result.stderr
     assert "FAILED" not in result.output
 
     proc = run_kgen(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "spilly"], env)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
-    assert "SPILLS spilly[num_warps=1]" in proc.stdout
+    assert "SPILLS spilly[num_warps=1]" in proc.stderr
     assert cache_cells(proc.stdout) == ["hit"]  # a cached spilling variant still fails the build
 
 
@@ -323,11 +437,82 @@ def test_allow_spills_decides_whether_spills_fail_the_build(env, tmp_path, allow
     folder = make_family(tmp_path, "spilly_ok", SPILL_TEMPLATE, allow_spills=allow)
     result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "spilly_ok"], env)
     assert result.exit_code == (0 if allow else 1), result.output
-    assert ("SPILLS" in result.output) is (not allow)
+    assert ("SPILLS" in result.stderr) is (not allow)
     # The spill count is shown either way.
-    row = next(line for line in result.output.splitlines() if "spilly_ok" in line and "│" in line)
-    cells = [c.strip() for c in re.split(r"[│|┃]", row) if c.strip()]
-    assert int(cells[3]) > 0  # family, variant, regs, spills, ...
+    [row] = table_rows(result.stdout, "spilly_ok")
+    assert int(row[2]) > 0  # variant, regs, spills, ...
+
+
+class FakeLayout:
+    def __init__(self, dynamic_smem_bytes: int):
+        self.dynamic_smem_bytes = dynamic_smem_bytes
+        self.threads = 32
+
+
+def test_build_reports_dynamic_shared_memory_and_fails_a_variant_over_the_limit(env, tmp_path, monkeypatch):
+    limit = arch.parse("sm_90a").max_smem_per_block
+    assert limit == 232448
+    sizes = {1: 1000, 2: limit, 4: limit + 1}  # by num_warps; the tiny kernel has no static shared memory
+    real_layout_of = kgen.layout.layout_of
+    monkeypatch.setattr(kgen.layout, "layout_of", lambda v: FakeLayout(sizes[v.param_dict["num_warps"]])
+                        if v.family.name == "roomy" else real_layout_of(v))
+    folder = make_family(tmp_path, "roomy", TINY_TEMPLATE, num_warps=[1, 2, 4])
+    result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "roomy"], env)
+    assert result.exit_code == 1, result.output
+    rows = table_rows(result.stdout, "roomy")
+    assert [(r[0], r[3], r[4]) for r in rows] == [("num_warps=1", "0", "1000"), ("num_warps=2", "0", str(limit)),
+                                                  ("num_warps=4", "0", str(limit + 1))]
+    problems = [line for line in result.stderr.splitlines() if line.startswith("SMEM")]
+    assert problems == [f"SMEM roomy[num_warps=4] needs {limit + 1} bytes of shared memory (0 static + {limit + 1} "
+                        f"dynamic), over the {limit} a block may have on sm_90a"]
+
+
+def test_build_shows_the_layout_s_dynamic_shared_memory_of_a_builtin_family(env):
+    result = invoke(["build", "--arch", "sm_90a", "--family", FAMILY], env)
+    assert result.exit_code == 0, result.output
+    variants = registry.current().family(FAMILY).variants
+    expected = [str(kgen.layout.layout_of(v).dynamic_smem_bytes) for v in variants]
+    assert [r[4] for r in table_rows(result.stdout, FAMILY)] == expected
+
+
+def test_a_family_without_a_layout_shows_no_dynamic_size(env, tmp_path):
+    folder = make_family(tmp_path, "tiny", TINY_TEMPLATE)
+    result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "tiny"], env)
+    assert result.exit_code == 0, result.output
+    assert [r[4] for r in table_rows(result.stdout, "tiny")] == ["-"]
+
+
+def test_the_table_fits_80_columns_when_piped(env, tmp_path):
+    # Piped (not a terminal), at 80 columns: every line fits, and each row still says which variant it is.
+    folder = make_family(tmp_path, "a_family_with_a_rather_long_name", TINY_TEMPLATE, num_warps=[1, 2, 4, 8])
+    args = ["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", FAMILY,
+            "--family", "a_family_with_a_rather_long_name"]
+    proc = run_kgen(args, {**env, "COLUMNS": "80"})
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+    rows = table_rows(proc.stdout, FAMILY)
+    assert len(rows) == builtin_variant_count()
+    # The label names only the axes that vary (not num_warps=4 or rows_per_thread=2, the same everywhere).
+    assert all(r[0].startswith("head_dim=") and "num_warps" not in r[0] for r in rows)
+    assert [r[0] for r in table_rows(proc.stdout, "a_family_with_a_rather_long_name")] == \
+        [f"num_warps={n}" for n in (1, 2, 4, 8)]
+    assert all(len(r) == 7 and r[1].isdigit() for r in rows)
+
+
+def test_progress_is_a_line_every_few_seconds_when_not_a_terminal(env, tmp_path, monkeypatch):
+    folder = make_family(tmp_path, "tiny", TINY_TEMPLATE, num_warps=[1, 2, 4])
+    args = ["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "tiny", "-j", "1"]
+    # By default (5 s) a quick build shows only its final line.
+    result = invoke(args, env)
+    assert result.exit_code == 0, result.output
+    assert re.findall(r"^build: .*$", result.stderr, re.M) == [
+        re.search(r"^build: 3/3 done, \d+\.\d s$", result.stderr, re.M).group()]
+    # With no interval, every step shows.
+    monkeypatch.setattr(kgen.cli, "PROGRESS_INTERVAL_S", 0.0)
+    result = invoke(args, env)
+    counts = re.findall(r"^build: (\d)/3 done, \d+\.\d s$", result.stderr, re.M)
+    assert counts[-1] == "3" and counts == sorted(counts) and len(counts) >= 3
+    assert "\r" not in result.stderr and "\x1b" not in result.stderr  # no bar drawing in a log
 
 
 def test_cache_info_and_clear_on_an_empty_or_missing_cache(env, cache_dir):
@@ -339,6 +524,33 @@ def test_cache_info_and_clear_on_an_empty_or_missing_cache(env, cache_dir):
     assert cleared.output == f"removed 0 entries from {cache_dir}\n"
 
 
+def test_cache_clear_on_a_read_only_cache_says_so(env, cache_dir, tmp_path):
+    # Tests run as root, where chmod makes nothing read-only: the refusal is simulated in the kgen process.
+    folder = make_family(tmp_path, "tiny", TINY_TEMPLATE)
+    assert invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "tiny"], env).exit_code == 0
+    [entry] = DiskCache(cache_dir).entries()
+    script = ("import errno, os, pathlib, kgen.cli\n"
+              "def refuse(self, missing_ok=False): raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))\n"
+              "pathlib.Path.unlink = refuse\n"
+              "kgen.cli.main()\n")
+    full = {**os.environ, "KGEN_CACHE_DIR": str(cache_dir)}
+    proc = subprocess.run([sys.executable, "-c", script, "cache", "clear"], env=full, capture_output=True, text=True,
+                          timeout=120)
+    assert_one_error(proc, f"cannot clear the cache {cache_dir}: {entry}: Read-only file system; "
+                           "the cache is read-only to this user")
+    assert entry.exists()
+
+
+@settings(max_examples=200)
+@given(st.text(max_size=40))
+def test_printable_escapes_control_characters_only(text):
+    shown = printable(text)
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", shown)
+    if not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", text):
+        assert shown == text  # tabs, newlines and printable text pass through
+    assert printable("log\n\x00") == "log\n\\x00"
+
+
 # A Jinja error (syntax error, undefined variable) is not a C++ compile error, but
 # must be reported the same way: `build` lists the variant as FAILED, `render` exits 2.
 def test_build_reports_a_jinja_error_as_a_failed_variant(env, tmp_path):
@@ -348,18 +560,15 @@ def test_build_reports_a_jinja_error_as_a_failed_variant(env, tmp_path):
     result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "bad_jinja"], env)
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit)  # reported, not a crash
-    assert "FAILED bad_jinja[num_warps=1]" in result.output
+    assert "FAILED bad_jinja[num_warps=1]" in result.stderr
     proc = run_kgen(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "bad_jinja"], env)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
-    assert "FAILED bad_jinja[num_warps=1]" in proc.stdout
+    assert "FAILED bad_jinja[num_warps=1]" in proc.stderr
 
 
 def test_render_reports_a_jinja_error_without_a_traceback(env, tmp_path):
     folder = make_family(tmp_path, "undefined_var", """
         extern "C" __global__ void undefined_var_entry(float* out) { out[0] = {{ no_such_variable }}; }
         """)
-    proc = run_kgen(["--spec-path", str(folder), "render", "undefined_var"], env)
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    assert "no_such_variable" in proc.stdout
+    assert_one_error(run_kgen(["--spec-path", str(folder), "render", "undefined_var"], env), "no_such_variable")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import kgen.arch
+import kgen.config
 import kgen.jit
 import kgen.registry
 from kgen.compiler import BuildRecord, CompileError, EntryResources, compile_cubin, parse_callee_spills, parse_ptxas_log
@@ -191,7 +193,7 @@ def test_rendered_source_reflects_the_variant_parameters():
     assert source.startswith(f"// kgen: {variant.name}\n")
     assert "using T = __half;" in source
     assert "constexpr int kHeadDim = 96;" in source
-    assert f"constexpr int kThreads = {params['num_warps'] * 32};" in source
+    assert re.search(rf"constexpr int kThreads = ({params['num_warps'] * 32}|{params['num_warps']} \* 32);", source)
     assert f"constexpr int kRowsPerThread = {params['rows_per_thread']};" in source
     assert f"__launch_bounds__(kThreads, {params['min_blocks_per_sm']})" in source
     assert "{{" not in source and "{%" not in source
@@ -307,3 +309,67 @@ def test_compile_error_does_not_quote_source_lines_for_header_diagnostics():
     message = str(info.value)
     assert "cuda_fp16.h(" in message and ": error" in message
     assert not re.search(r"^>\s*\d+ \| // filler", message, re.M)
+
+
+def test_compile_error_carries_no_nul_bytes():
+    # NVRTC's log is a C string; its terminating NUL must not reach a terminal or a CI log.
+    with pytest.raises(CompileError) as info:
+        compile_cubin('extern "C" __global__ void k(int* p) { p[0] = nope; }\n', ARCH, "nul_check")
+    assert "\x00" not in str(info.value)
+    assert 'identifier "nope" is undefined' in str(info.value)
+
+
+# --------------------------------------------------------------------------- what build checks around the compile
+
+
+def _one_variant(tmp_path: Path, template: str, entries: tuple[str, ...], min_sm: int | None = None) -> Variant:
+    (tmp_path / "one.cu.j2").write_text(template)
+    family = Family(name="one", template="one.cu.j2", entries=entries, template_dirs=(tmp_path,),
+                    allow_spills=False, axes=("value",), defaults={}, min_sm=min_sm)
+    variant = Variant(family, (("value", 1),), tmp_path / "one.yaml")
+    family.variants.append(variant)
+    return variant
+
+
+TWO_KERNELS = 'extern "C" __global__ void first(int* p) { p[0] = {{ value }}; }\n' \
+              'extern "C" __global__ void second(int* p) { p[1] = {{ value }}; }\n'
+
+
+def test_build_refuses_a_spec_entry_the_cubin_lacks(tmp_path, cache_dir):
+    variant = _one_variant(tmp_path, TWO_KERNELS, ("first", "sceond", "third"))
+    with pytest.raises(CompileError) as info:
+        kgen.jit.build(variant, ARCH)
+    message = str(info.value)
+    assert "has no entry sceond, third named in its spec" in message
+    assert str(variant.spec_path) in message and "compiled entries: first, second" in message
+    # The same check on a cache hit: the cubin is fine, the spec is what is wrong.
+    with pytest.raises(CompileError, match="sceond"):
+        kgen.jit.build(variant, ARCH)
+    assert kgen.jit.build(_one_variant(tmp_path, TWO_KERNELS, ("second", "first")), ARCH).cache_hit is True
+
+
+@pytest.mark.parametrize("arch", ["compute_90a", "sm_91", "bogus", "sm_90f", "sm_89a", "", "SM_90A"])
+def test_build_refuses_an_unknown_arch_before_compiling(tmp_path, cache_dir, arch):
+    variant = _one_variant(tmp_path, TWO_KERNELS, ("first", "second"))
+    with pytest.raises(kgen.arch.ArchError, match="supported: sm_75, sm_80"):
+        kgen.jit.build(variant, arch or "sm_")
+    assert not cache_dir.exists()  # compute_90a once cached an empty cubin
+
+
+def test_build_of_a_variant_needing_a_newer_arch_is_a_clear_error(tmp_path, cache_dir):
+    variant = _one_variant(tmp_path, TWO_KERNELS, ("first", "second"), min_sm=90)
+    with pytest.raises(kgen.jit.UnsupportedArchError) as info:
+        kgen.jit.build(variant, "sm_80")
+    assert str(info.value) == (f"one[value=1] needs sm_90 or newer (min_sm in {variant.spec_path}); "
+                               "it cannot be built for sm_80")
+    assert not cache_dir.exists()
+    for arch in ("sm_90", "sm_90a", "sm_100f"):
+        assert kgen.jit.build(variant, arch).cubin[:4] == b"\x7fELF"
+
+
+def test_kgen_arch_is_validated(monkeypatch):
+    with kgen.config.overrides(KGEN_ARCH="compute_90a"):
+        with pytest.raises(kgen.arch.ArchError, match="^KGEN_ARCH: 'compute_90a' is not an arch"):
+            kgen.jit.device_arch()
+    with kgen.config.overrides(KGEN_ARCH="sm_100f"):
+        assert kgen.jit.device_arch() == "sm_100f"
