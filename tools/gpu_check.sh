@@ -23,7 +23,9 @@ export KGEN_COMMIT="${KGEN_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unkn
 
 status=0
 { echo "commit $KGEN_COMMIT"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  python3 -m kgen build; } > "$work/build.log" 2>&1 || status=1
+  python3 -m kgen build
+  # The variants one axis from the built-in ones, which tests/test_neighbour_variants_gpu.py runs.
+  KGEN_SPEC_PATH=tests/specs/neighbours python3 -m kgen build; } > "$work/build.log" 2>&1 || status=1
 tail -n 3 "$work/build.log"
 python3 -m pytest -m gpu -q -p no:cacheprovider > "$work/gpu_tests.log" 2>&1 || status=1
 tail -n 12 "$work/gpu_tests.log"

@@ -1,0 +1,90 @@
+"""Nothing broken compiles silently: a spec value the template cannot run fails the build with a message.
+
+For each built-in family, every value the schema admits for head_dim, tile_m, tile_n
+and num_warps is tried one axis at a time around each built-in configuration. Each
+candidate either fails to compile with a static_assert naming the axis, or is refused by
+``kgen build``'s gates (spills, shared memory over sm_90's limit), or is a variant the GPU
+tests run: a built-in one or one listed in tests/specs/neighbours/, which
+tests/test_neighbour_variants_gpu.py runs. The last check is both ways, so that list
+cannot go stale.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from kgen import config, registry
+from kgen.compiler import CompileError, compile_cubin
+from kgen.layout import layout_of
+from kgen.registry import Variant
+from kgen.render import render
+from kgen.spec_schema import AXIS_VALUE_SCHEMAS
+
+NEIGHBOURS = Path(__file__).parent / "specs" / "neighbours"
+SWEPT_AXES = ("head_dim", "tile_m", "tile_n", "num_warps")
+SM90_SMEM_LIMIT = 227 * 1024
+# The variant whose neighbours are swept: the one the sweep varies from, per configuration.
+BASE = {"dtype": "bf16", "tail": "tma", "has_incomplete_tile": True}
+
+
+def admitted(axis: str) -> list[int]:
+    validator = jsonschema.Draft202012Validator(AXIS_VALUE_SCHEMAS[axis])
+    return [value for value in range(1, 1025) if validator.is_valid(value)]
+
+
+def bases(family: registry.Family) -> list[Variant]:
+    out: dict[tuple, Variant] = {}
+    for variant in family.variants:
+        params = variant.param_dict
+        if all(params.get(k, v) == v for k, v in BASE.items()):
+            out.setdefault(variant.params, variant)
+    return list(out.values())
+
+
+def candidates(family: registry.Family) -> list[tuple[str, Variant]]:
+    """(swept axis, variant) for every one-axis neighbour of a base that the spec does not list."""
+    listed = {v.params for v in family.variants}
+    seen, out = set(), []
+    for base in bases(family):
+        for axis in (a for a in SWEPT_AXES if a in family.axes):
+            for value in admitted(axis):
+                params = tuple((k, value if k == axis else x) for k, x in base.params)
+                if params not in listed and params not in seen:
+                    seen.add(params)
+                    out.append((axis, Variant(family, params, base.spec_path)))
+    return out
+
+
+def build_passes(variant: Variant) -> bool:
+    """Whether `kgen build` accepts a variant that compiled: no spills, shared memory within the limit."""
+    _, record = compile_cubin(render(variant), "sm_90a", variant.name)
+    smem = layout_of(variant).dynamic_smem_bytes + max(e.static_smem_bytes for e in record.entries.values())
+    return record.spills == 0 and smem <= SM90_SMEM_LIMIT
+
+
+@pytest.mark.parametrize("family_name", ["attention_prefill", "merge_attention_states"])
+def test_every_admitted_value_compiles_into_a_tested_variant_or_fails_with_its_axis(family_name):
+    builtin = registry.current().family(family_name)
+    with config.overrides(KGEN_SPEC_PATH=str(NEIGHBOURS)):
+        covered = {v.params for v in registry.current().family(family_name).variants
+                   if all(v.param_dict.get(k, x) == x for k, x in BASE.items())}
+    buildable = set()
+    for axis, variant in candidates(builtin):
+        try:
+            passes = build_passes(variant)
+        except CompileError as exc:
+            message = str(exc)
+            assert "static assertion failed" in message, f"{variant.name}: not refused by a static_assert:\n{message}"
+            assert f'"{family_name}: ' in message and axis in message.split("static assertion failed", 1)[1], \
+                f"{variant.name}: the static_assert does not name {axis}:\n{message}"
+            continue
+        if passes:
+            buildable.add(variant.params)
+    untested = buildable - covered
+    assert not untested, f"buildable but run by no GPU test: {sorted(untested)}"
+    # Every neighbour the GPU tests run is one the sweep builds (or a built-in variant).
+    stale = covered - buildable - {v.params for v in builtin.variants}
+    assert not stale, f"tests/specs/neighbours lists variants that do not build: {sorted(stale)}"
