@@ -105,11 +105,13 @@ def cli(spec_paths: tuple[str, ...]) -> None:
 def list_cmd() -> None:
     """List kernel families and their variants."""
     reg = registry_module.current()
+    # soft_wrap: one line per variant however narrow the terminal, so the listing can be grepped.
     for family in reg.families.values():
-        console.print(f"[bold]{family.name}[/bold]  template={family.template}  entries={list(family.entries)}  "
-                      f"variants={len(family.variants)}")
+        console.print(f"[bold]{escape(family.name)}[/bold]  template={escape(family.template)}  "
+                      f"entries={escape(str(list(family.entries)))}  variants={len(family.variants)}", soft_wrap=True)
         for variant in family.variants:
-            console.print(f"  {_variant_label(variant)}  [dim]{escape(str(variant.spec_path))}[/dim]", highlight=False)
+            console.print(f"  {_variant_label(variant)}  [dim]{escape(str(variant.spec_path))}[/dim]", highlight=False,
+                          soft_wrap=True)
 
 
 @cli.command("render")

@@ -124,7 +124,12 @@ class KernelModule:
         return kernel
 
 
-@functools.lru_cache(maxsize=None)
+#: Loaded modules kept per process. A bound, because the key includes the family's template folders: a
+#: process that goes through many spec folders would otherwise keep every module it ever loaded.
+LOADED_MODULES = 256
+
+
+@functools.lru_cache(maxsize=LOADED_MODULES)
 def _load(variant_name: str, template_dirs: tuple, arch: str, variant: Variant) -> KernelModule:
     return KernelModule(build(variant, arch))
 

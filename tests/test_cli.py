@@ -572,3 +572,12 @@ def test_render_reports_a_jinja_error_without_a_traceback(env, tmp_path):
         extern "C" __global__ void undefined_var_entry(float* out) { out[0] = {{ no_such_variable }}; }
         """)
     assert_one_error(run_kgen(["--spec-path", str(folder), "render", "undefined_var"], env), "no_such_variable")
+
+
+def test_list_puts_each_variant_on_one_line_when_piped(env):
+    result = invoke(["list"], {**env, "COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    variant_lines = [line for line in lines if line.startswith("  [")]
+    assert len(variant_lines) == len(registry.current().variants())
+    assert all(line.endswith(".yaml") for line in variant_lines)

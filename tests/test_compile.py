@@ -373,3 +373,19 @@ def test_kgen_arch_is_validated(monkeypatch):
             kgen.jit.device_arch()
     with kgen.config.overrides(KGEN_ARCH="sm_100f"):
         assert kgen.jit.device_arch() == "sm_100f"
+
+
+def test_loaded_modules_are_bounded(tmp_path, monkeypatch):
+    # No GPU here: stand-ins for the build and the driver load; what is checked is the in-process cache.
+    monkeypatch.setattr(kgen.jit, "build", lambda variant, arch: variant.name)
+    monkeypatch.setattr(kgen.jit, "KernelModule", lambda result: object())
+    kgen.jit._load.cache_clear()
+    try:
+        variant = _one_variant(tmp_path, TWO_KERNELS, ("first", "second"))
+        first = kgen.jit._load(variant.name, (tmp_path,), ARCH, variant)
+        assert kgen.jit._load(variant.name, (tmp_path,), ARCH, variant) is first  # reused, not rebuilt
+        for n in range(2 * kgen.jit.LOADED_MODULES):
+            kgen.jit._load(variant.name, (tmp_path / f"folder{n}",), ARCH, variant)
+        assert kgen.jit._load.cache_info().currsize == kgen.jit.LOADED_MODULES
+    finally:
+        kgen.jit._load.cache_clear()
