@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from common import (SUMMARY_COLUMNS, Column, default_out_dir, environment, markdown_table, standalone_parser,
                     summary_row, time_cuda, verdict, write_results)
 from attention_common import (DEVICE, DTYPE, DTYPE_NAME, REL_L2_TOL, UNSUPPORTED, add_arguments, backend_only,
-                              is_unsupported, max_abs, plan_for, reference_bhsd, rel_l2, sdpa, sdpa_backends, short,
-                              worst)
+                              is_unsupported, max_abs, mean_and_spread, plan_for, reference_bhsd, rel_l2, sdpa,
+                              sdpa_backends, short, worst)
 from kgen.ops import attention_varlen
 
 NAME = "bench_attention"  # bench_attention.json / .md

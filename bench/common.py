@@ -219,7 +219,7 @@ def write_results(out_dir: Path, name: str, title: str, rows: Sequence[dict[str,
 
 # The rows every benchmark hands to run_all's summary.
 SUMMARY_COLUMNS: list[Column] = [
-    ("benchmark", "benchmark", None), ("metric", "metric", None), ("value", "value", ".3g"),
+    ("benchmark", "benchmark", None), ("metric", "metric", None), ("value", "value", ".4g"),
     ("unit", "unit", None), ("bar", "bar", None), ("verdict", "verdict", None),
 ]
 

@@ -196,10 +196,15 @@ def save_plot(path: Path, sweep: list[dict[str, Any]], policies: list[str]) -> s
     series = ([(f"ms_{p}", f"kgen, tail={p}", "o-") for p in policies]
               + [(f"padded_ms_{p}", f"kgen, padded to whole {p} tiles", "s--") for p in policies]
               + [(f"ms_{peer}", label, "^:") for peer, label in PEERS.items()])
+    plotted = 0
     for key, label, style in series:
         points = [(r["L"], r[key]) for r in sweep if r.get(key) is not None]
         if points:
             ax.plot(*zip(*points), style, label=label, markersize=4)
+            plotted += 1
+    if not plotted:
+        plt.close(fig)
+        return "Plot skipped: no length was measured."
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_yscale("log")
