@@ -12,6 +12,7 @@ import hashlib
 import importlib.metadata
 import io
 import re
+import struct
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -94,6 +95,27 @@ def parse_ptxas_log(log: str) -> dict[str, EntryResources]:
             if s := _SMEM.search(line):
                 current.static_smem_bytes = int(s.group(1))
     return entries
+
+
+def cubin_kernels(cubin: bytes) -> set[str]:
+    """The kernels an ELF cubin holds: one ``.text.<name>`` section each.
+
+    Read from the section headers rather than the ptxas log, which NVRTC sometimes
+    returns without the per-entry lines.
+    """
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:  # 64-bit ELF
+        raise ValueError("not a 64-bit ELF cubin")
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_offset, names_size = headers[shstrndx][4], headers[shstrndx][5]
+    names = cubin[names_offset:names_offset + names_size]
+    out = set()
+    for name_index, *_ in headers:
+        name = names[name_index:names.index(b"\0", name_index)].decode()
+        if name.startswith(".text."):
+            out.add(name[len(".text."):])
+    return out
 
 
 def parse_callee_spills(log: str) -> int:

@@ -17,7 +17,7 @@ from cuda.core import Device, Kernel, ObjectCode
 from kgen import arch as arch_module
 from kgen import config
 from kgen.cache import CacheEntry, DiskCache, cache_key, warn_once
-from kgen.compiler import BuildRecord, CompileError, compile_cubin
+from kgen.compiler import BuildRecord, CompileError, compile_cubin, cubin_kernels
 from kgen.registry import Variant
 from kgen.render import render
 
@@ -98,12 +98,13 @@ def _cached_or_compiled(variant: Variant, arch: str, source: str) -> BuildResult
 
 
 def _check_entries(result: BuildResult) -> None:
-    # ptxas -v lists every entry it compiled; a name the spec lists that is not there would only fail at launch.
+    # A name the spec lists that the cubin does not hold would only fail at launch.
     variant = result.variant
-    missing = [e for e in variant.family.entries if e not in result.record.entries]
+    compiled = cubin_kernels(result.cubin)
+    missing = [e for e in variant.family.entries if e not in compiled]
     if missing:
         raise CompileError(f"{variant.name}: the compiled code has no entry {', '.join(missing)} named in its spec "
-                           f"({variant.spec_path}); compiled entries: {', '.join(sorted(result.record.entries)) or 'none'}")
+                           f"({variant.spec_path}); compiled entries: {', '.join(sorted(compiled)) or 'none'}")
 
 
 class KernelModule:

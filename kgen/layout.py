@@ -14,6 +14,7 @@ kgen then knows nothing of its launch shape, and its op must supply it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -120,5 +121,11 @@ _LAYOUTS: dict[str, Callable[[Mapping[str, Any]], KernelLayout]] = {
 
 def layout_of(variant) -> KernelLayout | None:
     """The layout of ``variant`` (a :class:`kgen.registry.Variant`), or None if its family has none here."""
-    function = _LAYOUTS.get(variant.family.name)
-    return function(variant.param_dict) if function is not None else None
+    return _layout(variant.family.name, variant.params)
+
+
+# Ops ask on every call; a layout depends on the family and the parameters alone.
+@functools.lru_cache(maxsize=1024)
+def _layout(family: str, params: tuple) -> KernelLayout | None:
+    function = _LAYOUTS.get(family)
+    return function(dict(params)) if function is not None else None

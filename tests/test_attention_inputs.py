@@ -1,11 +1,13 @@
 """attention_varlen and its planner on the host: variant choice and input checks, no GPU needed."""
 
+import numpy as np
 import pytest
 import torch
 
 from kgen import config, registry
 from kgen.registry import UnsupportedVariantError
 from kgen.ops import attention_varlen, plan_attention_varlen
+from kgen.ops.attention import softmax_scale_log2
 
 
 def spec_tiles(head_dim: int, dtype: str = "bf16") -> dict:
@@ -137,3 +139,49 @@ def test_cpu_tensors_are_refused_by_name():
     cu = torch.tensor([0, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match="q: expected a CUDA tensor"):
         attention_varlen(q, q, q, cu, cu)
+
+
+@pytest.mark.parametrize("cu", [[0, 2**40], [0, 2**63], [0, 2**31], [0, 2**30, 2**31 + 5]])
+def test_lengths_past_int32_indexing_are_refused(cu):
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        plan_attention_varlen(cu, cu, head_dim=128)
+
+
+@pytest.mark.parametrize("window", [(2**31, -1), (-1, 2**31), (2**40, 0)])
+def test_windows_past_int32_are_refused(window):
+    with pytest.raises(ValueError, match=r"window\["):
+        plan_attention_varlen([0, 10], [0, 10], head_dim=128, window=window)
+
+
+@pytest.mark.parametrize("scale, error", [("abc", TypeError), (True, TypeError), (None.__class__, TypeError),
+                                          (float("nan"), ValueError), (float("inf"), ValueError), (0.0, ValueError),
+                                          (-0.5, ValueError), (1e39, ValueError), (1e-46, ValueError)])
+def test_softmax_scale_must_be_a_finite_positive_fp32(scale, error):
+    with pytest.raises(error, match="softmax_scale"):
+        softmax_scale_log2(scale, 128)
+
+
+def test_softmax_scale_default_and_given():
+    assert softmax_scale_log2(None, 64) == np.float32(1.4426950408889634 / 8)
+    assert softmax_scale_log2(0.5, 64) == np.float32(0.5 * 1.4426950408889634)
+
+
+def test_plan_of_the_wrong_type_names_plan():
+    t = torch.zeros((4, 2, 64), dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(TypeError, match="plan: expected an AttentionPlan"):
+        attention_varlen(t, t, t, cu, cu, plan={"work": None})
+
+
+def test_plans_are_made_on_the_host_and_placed_on_first_use():
+    plan = plan_attention_varlen([0, 100, 300], [0, 100, 300], head_dim=128, causal=True)
+    assert plan.work.device.type == "cpu"  # no GPU needed to plan
+    assert plan.work_on(torch.device("meta")).device.type == "meta"  # moved on first use
+    with pytest.raises(ValueError, match="plan: its work list is on meta"):
+        plan.work_on(torch.device("cpu"))
+
+
+def test_a_plan_placed_on_one_device_refuses_another():
+    plan = plan_attention_varlen([0, 100], [0, 100], head_dim=128, device="cpu")
+    with pytest.raises(ValueError, match="plan: its work list is on cpu"):
+        plan.work_on(torch.device("meta"))

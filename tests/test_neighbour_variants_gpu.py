@@ -80,3 +80,16 @@ def test_merge_neighbour(variant):
     kernel(-(-rows // tile_rows), v[0].data_ptr(), lse[0].data_ptr(), *lse[0].stride(),
            v[1].data_ptr(), lse[1].data_ptr(), *lse[1].stride(), out.data_ptr(), lse_out.data_ptr(), rows, heads)
     assert_matches(out, lse_out, *merge_reference(v, lse))
+
+
+def test_launches_with_the_wrong_arguments_are_refused():
+    from kgen.launch import LaunchArgumentError
+
+    variant = registry.current().family("merge_attention_states").select(head_dim=128, dtype="bf16",
+                                                                           has_incomplete_tile=True)
+    kernel = launcher(variant, "merge_states_2", torch.cuda.current_device())
+    assert [p.name for p in kernel.parameters][:2] == ["v_a", "lse_a"]
+    with pytest.raises(LaunchArgumentError, match="expected 12 arguments"):
+        kernel(1, 0, 0, 0)
+    with pytest.raises(LaunchArgumentError, match="parameter lse_a_stride_t .* takes int, got float"):
+        kernel(1, 0, 0, 1.5, 1, 0, 0, 1, 1, 0, 0, 0, 1)

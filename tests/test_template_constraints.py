@@ -88,3 +88,35 @@ def test_every_admitted_value_compiles_into_a_tested_variant_or_fails_with_its_a
     # Every neighbour the GPU tests run is one the sweep builds (or a built-in variant).
     stale = covered - buildable - {v.params for v in builtin.variants}
     assert not stale, f"tests/specs/neighbours lists variants that do not build: {sorted(stale)}"
+
+
+@pytest.mark.parametrize("family_name, change, message", [
+    ("attention_prefill", {"dynamic_smem_bytes": 64}, "dynamic shared memory differs from kgen/layout.py"),
+    ("attention_prefill", {"threads": 32}, "threads per block differ from kgen/layout.py"),
+    ("attention_prefill", {"sizes": {"q_box_rows": 8, "kv_box_rows": 8, "box_span_bytes": 128, "swizzle_bytes": 128}},
+     "the host's TMA boxes must be one Q tile and one K/V tile high"),
+    ("attention_prefill", {"drop_parameter": True}, "parameters differ from those kgen/layout.py declares"),
+    ("merge_attention_states", {"sizes": {"tile_rows": 3}}, "rows per block differ from kgen/layout.py"),
+    ("merge_attention_states", {"drop_parameter": True}, "parameters differ from those kgen/layout.py declares"),
+])
+def test_a_host_layout_that_disagrees_with_the_template_fails_to_compile(monkeypatch, family_name, change, message):
+    import dataclasses
+
+    from kgen import layout as layout_module
+
+    original = layout_module._LAYOUTS[family_name]
+
+    def disagreeing(params):
+        found = original(params)
+        if change.get("drop_parameter"):
+            return dataclasses.replace(found, parameters={e: p[:-1] for e, p in found.parameters.items()})
+        return dataclasses.replace(found, **change)
+
+    monkeypatch.setitem(layout_module._LAYOUTS, family_name, disagreeing)
+    layout_module._layout.cache_clear()
+    try:
+        variant = registry.current().family(family_name).variants[0]
+        with pytest.raises(CompileError, match=message):
+            compile_cubin(render(variant), "sm_90a", variant.name)
+    finally:
+        layout_module._layout.cache_clear()

@@ -165,7 +165,7 @@ def softmax_scale_log2(softmax_scale, head_dim: int) -> np.float32:
         raise TypeError(f"softmax_scale: expected a float, got {type(softmax_scale).__name__} {softmax_scale!r}")
     scale = float(softmax_scale)
     # The kernel takes row maxima of unscaled scores, so the scale must be positive; it is an fp32 there.
-    if not (math.isfinite(scale) and scale > 0 and np.float32(scale) > 0 and scale * _LOG2E <= _FLOAT32_MAX):
+    if not (math.isfinite(scale) and 0 < scale and scale * _LOG2E <= _FLOAT32_MAX and np.float32(scale) > 0):
         raise ValueError(f"softmax_scale: expected a finite positive number representable in fp32, got {softmax_scale!r}")
     return np.float32(scale * _LOG2E)
 
