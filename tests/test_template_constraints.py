@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 
 from kgen import config, registry
+from kgen.arch import parse as parse_arch
 from kgen.compiler import CompileError, compile_cubin
 from kgen.layout import layout_of
 from kgen.registry import Variant
@@ -25,7 +26,7 @@ from kgen.spec_schema import AXIS_VALUE_SCHEMAS
 
 NEIGHBOURS = Path(__file__).parent / "specs" / "neighbours"
 SWEPT_AXES = ("head_dim", "tile_m", "tile_n", "num_warps")
-SM90_SMEM_LIMIT = 227 * 1024
+SM90_SMEM_LIMIT = parse_arch("sm_90a").max_smem_per_block
 # The variant whose neighbours are swept: the one the sweep varies from, per configuration.
 BASE = {"dtype": "bf16", "tail": "tma", "has_incomplete_tile": True}
 
