@@ -129,6 +129,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="timed repeats per event timing, ms (default 100)")
     group.add_argument("--attn-rounds", type=int, default=2, help="times each implementation is timed (default 2)")
     group.add_argument("--attn-seed", type=int, default=0)
+    group.add_argument("--attn-tail-rounds", type=int, default=7,
+                       help="ABBA rounds of each length's tail/padded pair (default 7)")
     group.add_argument("--attn-boundary-rounds", type=int, default=15,
                        help="alternated timings of each boundary pair (default 15)")
     group.add_argument("--attn-boundary-rep-ms", type=float, default=40,

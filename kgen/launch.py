@@ -77,6 +77,7 @@ class KernelLauncher:
         self.threads = threads
         self.dynamic_smem = dynamic_smem
         self.parameters = tuple(parameters)
+        self._num_parameters = len(self.parameters)
         self.name = name
         self._configs: dict[int | tuple, LaunchConfig] = {}
         self._checked_call = False
@@ -117,12 +118,13 @@ class KernelLauncher:
         integers, ``np.float32`` for floats, tensor-map descriptors. Their count is
         checked on every call, their types on the first.
         """
-        if len(args) != len(self.parameters) or not self._checked_call:
+        if len(args) != self._num_parameters or not self._checked_call:
             self._check_arguments(args)
             self._checked_call = True
         config = self._configs.get(grid) or self._new_config(grid)
-        if _current_device() == self.device_index:
-            launch(current_stream(self.device_index), config, self.kernel, *args)
+        device_index = self.device_index
+        if _current_device() == device_index:
+            launch(current_stream(device_index), config, self.kernel, *args)
         else:
-            with torch.cuda.device(self.device_index):
-                launch(current_stream(self.device_index), config, self.kernel, *args)
+            with torch.cuda.device(device_index):
+                launch(current_stream(device_index), config, self.kernel, *args)

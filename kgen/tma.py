@@ -1,17 +1,15 @@
-"""The host half of ``templates/common/tma.cuh``: TMA descriptors for a kernel's tiles, cached.
+"""The host half of ``templates/common/tma.cuh``: TMA descriptors for a kernel's tiles.
 
 A descriptor describes a tensor's layout and the box one copy moves; the box
 comes from the kernel's layout (:mod:`kgen.layout`), so host and kernel agree
 on it by construction. Descriptors are built by cuda.core
-(``StridedMemoryView.as_tensor_map``) and cached by role, layout and calling
-thread; a new address with an unchanged layout only patches the cached one
-(about 2 us instead of 7 to build one). Keying by thread means one thread's
-patch can never race another thread's launch.
+(``StridedMemoryView.as_tensor_map``); a tensor at a new address with the same
+layout only patches its descriptor (about 2 us instead of 7 to build one).
 """
 
 from __future__ import annotations
 
-import threading
+from typing import Mapping
 
 import torch
 from cuda.core.utils import StridedMemoryView
@@ -19,27 +17,38 @@ from cuda.core.utils import StridedMemoryView
 from kgen.launch import TensorMapSwizzle
 
 _SWIZZLES = {128: TensorMapSwizzle.SWIZZLE_128B, 64: TensorMapSwizzle.SWIZZLE_64B, 32: TensorMapSwizzle.SWIZZLE_32B}
-_MAX_DESCRIPTORS = 256
-# key -> [descriptor, the address it points at]
-_descriptors: dict[tuple, list] = {}
 
 
-def tensor_map(role: str, t: torch.Tensor, box_rows: int, span_bytes: int):
+def build_tensor_map(t: torch.Tensor, box_rows: int, span_bytes: int):
     """A descriptor for boxes of ``box_rows`` tokens x 1 head x ``span_bytes`` of the last dimension of 3-D ``t``.
 
-    ``role`` tells apart tensors of equal layout passed to one launch (q, k, v): each
-    keeps its own descriptor. The box's span is also its swizzle width.
+    The box's span is also its swizzle width.
     """
-    key = (role, threading.get_ident(), t.device.index, tuple(t.shape), t.stride(), t.dtype, box_rows, span_bytes)
-    entry = _descriptors.get(key)
-    if entry is None:
-        if len(_descriptors) >= _MAX_DESCRIPTORS:
-            _descriptors.clear()
-        view = StridedMemoryView.from_dlpack(t, stream_ptr=-1)
-        descriptor = view.as_tensor_map(box_dim=(box_rows, 1, span_bytes // t.element_size()),
-                                        swizzle=_SWIZZLES[span_bytes])
-        entry = _descriptors[key] = [descriptor, t.data_ptr()]
-    elif entry[1] != t.data_ptr():
-        entry[0].replace_address(t)
-        entry[1] = t.data_ptr()
-    return entry[0]
+    view = StridedMemoryView.from_dlpack(t, stream_ptr=-1)
+    return view.as_tensor_map(box_dim=(box_rows, 1, span_bytes // t.element_size()), swizzle=_SWIZZLES[span_bytes])
+
+
+class TensorMaps:
+    """The descriptors of one launch's tensors, by role (q, k, v: tensors of equal layout keep their own).
+
+    The owner keeps one per calling thread and per tensor layout: a patch must not race another
+    thread's launch, and a new layout needs a new descriptor. ``alias_of`` lets a role use another's
+    descriptor (an empty tensor has none of its own, yet the kernel still takes the parameter).
+    """
+
+    def __init__(self, box_rows: Mapping[str, int], span_bytes: int, alias_of: Mapping[str, str] | None = None):
+        self.box_rows, self.span_bytes = dict(box_rows), span_bytes
+        self.alias_of = dict(alias_of or {})
+        self._entries: dict[str, list] = {}  # role -> [descriptor, the address it points at]
+
+    def get(self, role: str, t: torch.Tensor):
+        if role in self.alias_of:
+            return self._entries[self.alias_of[role]][0]
+        entry = self._entries.get(role)
+        address = t.data_ptr()
+        if entry is None:
+            entry = self._entries[role] = [build_tensor_map(t, self.box_rows[role], self.span_bytes), address]
+        elif entry[1] != address:
+            entry[0].replace_address(t)
+            entry[1] = address
+        return entry[0]

@@ -9,6 +9,7 @@ device-to-host synchronisation and can be captured in a CUDA graph.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,13 +149,14 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, num_seq
         raise ValueError(f"{name}: expected a contiguous tensor")
 
 
-def _result(name: str, given: torch.Tensor | None, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+def _check_result(name: str, given: torch.Tensor | None, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> None:
     if given is None:
-        return like.new_empty(shape, dtype=dtype)
+        return
     check_tensor(name, given, ndim=len(shape), dtypes=(dtype,), device=like.device)
     if tuple(given.shape) != shape or not given.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor of shape {shape}, got {tuple(given.shape)}")
-    return given
+    if given.data_ptr() % 16:
+        raise ValueError(f"{name}: expected a 16-byte aligned data pointer")
 
 
 def softmax_scale_log2(softmax_scale, head_dim: int) -> np.float32:
@@ -198,6 +200,59 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ``out`` ``[total_q, Hq, D]`` in q's dtype, or ``(out, lse)``. Rows with no key to
         attend (and no sink) are 0 with LSE -inf.
     """
+    # A call shaped like an earlier one (same plan, layouts, dtypes, devices, options) reuses
+    # what the checks established and launches with the new addresses: the hot path of a model.
+    try:
+        key = (threading.get_ident(), plan, causal, window, softmax_scale, *_layout_key(q), *_layout_key(k),
+               *_layout_key(v), *_layout_key(cu_seqlens_q), *_layout_key(cu_seqlens_k), *_layout_key(sink),
+               *_layout_key(out), *_layout_key(lse_out))
+        prepared = _prepared_calls.get(key)
+        aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if out is None else out.data_ptr())) & 15
+    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: the checks say what is wrong
+        key, prepared, aligned = None, None, False
+    if prepared is None or not aligned:
+        prepared = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_scale, plan,
+                            out, lse_out)
+        if plan is not None and key is not None:  # a call without a plan plans for itself: nothing to keep
+            if len(_prepared_calls) >= _MAX_PREPARED_CALLS:
+                _prepared_calls.clear()
+            _prepared_calls[key] = prepared
+    return prepared.run(q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, return_lse)
+
+
+_MAX_PREPARED_CALLS = 256
+_prepared_calls: dict[tuple, "_PreparedCall"] = {}
+
+
+def _layout_key(t) -> tuple:
+    """What the checks depend on in a tensor argument, its address aside (None stays None)."""
+    if t is None:
+        return (None,)
+    return t.shape, t.stride(), t.dtype, t.get_device()
+
+
+class _PreparedCall:
+    """A checked call's launch: everything but the addresses, and the tensor maps to patch with them."""
+
+    def __init__(self, launcher, grid, maps, work, tail_args, out_shape, lse_shape):
+        self.launcher, self.grid, self.maps, self.work = launcher, grid, maps, work
+        self.tail_args, self.out_shape, self.lse_shape = tail_args, out_shape, lse_shape
+
+    def run(self, q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, return_lse):
+        out = q.new_empty(self.out_shape) if out is None else out
+        lse = q.new_empty(self.lse_shape, dtype=torch.float32) if lse_out is None else lse_out
+        if self.launcher is not None:
+            maps = self.maps
+            self.launcher(self.grid, maps.get("q", q), maps.get("k", k), maps.get("v", v),
+                          q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                          cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), self.work.data_ptr(),
+                          0 if sink is None else sink.data_ptr(), *self.tail_args)
+        return (out, lse) if return_lse else out
+
+
+def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_scale, plan, out, lse_out
+             ) -> _PreparedCall:
+    """Every check of a call, and the launch it makes; an error names the argument at fault."""
     if plan is not None and not isinstance(plan, AttentionPlan):
         raise TypeError(f"plan: expected an AttentionPlan from plan_attention_varlen, got {type(plan).__name__}")
     check_tensor("q", q, ndim=3, dtypes=spec_dtypes(FAMILY))
@@ -232,22 +287,18 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, plan.num_seqs)
     work = plan.work_on(q.device)
 
-    out = _result("out", out, (total_q, heads_q, head_dim), q.dtype, q)
-    lse = _result("lse_out", lse_out, (heads_q, total_q), torch.float32, q)
+    out_shape, lse_shape = (total_q, heads_q, head_dim), (heads_q, total_q)
+    _check_result("out", out, out_shape, q.dtype, q)
+    _check_result("lse_out", lse_out, lse_shape, torch.float32, q)
     num_work = work.shape[0]
-    if num_work and heads_q:
-        sizes = layout(plan.variant).sizes
-        span = sizes["box_span_bytes"]
-        map_q = tma.tensor_map("q", q, sizes["q_box_rows"], span)
-        # With no keys at all no key tile is ever loaded; the parameter still needs a descriptor.
-        map_k, map_v = ((tma.tensor_map("k", k, sizes["kv_box_rows"], span),
-                         tma.tensor_map("v", v, sizes["kv_box_rows"], span)) if total_k else (map_q, map_q))
-        _launcher(q.device.index, plan.variant)(
-            (num_work, heads_q), map_q, map_k, map_v,
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-            cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), work.data_ptr(),
-            0 if sink is None else sink.data_ptr(),
-            heads_q // heads_kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse.stride(0),
-            scale_log2, merged_window[0], merged_window[1])
-    return (out, lse) if return_lse else out
+    if not (num_work and heads_q):
+        return _PreparedCall(None, None, None, work, (), out_shape, lse_shape)
+    sizes = layout(plan.variant).sizes
+    # The kernel's row strides of out and lse are those of contiguous tensors (checked above, or new).
+    tail_args = (heads_q // heads_kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                 heads_q * head_dim, head_dim, total_q, scale_log2, merged_window[0], merged_window[1])
+    # With no keys at all no key tile is ever loaded; the parameter still needs a descriptor.
+    maps = tma.TensorMaps({"q": sizes["q_box_rows"], "k": sizes["kv_box_rows"], "v": sizes["kv_box_rows"]},
+                          sizes["box_span_bytes"], alias_of={"k": "q", "v": "q"} if not total_k else {})
+    return _PreparedCall(_launcher(q.device.index, plan.variant), (num_work, heads_q), maps, work, tail_args,
+                         out_shape, lse_shape)

@@ -110,7 +110,7 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
         device_index, shape, dtype = v_a.get_device(), v_a.shape, v_a.dtype
         rows_shape = shape[:2]
         ptr_a, ptr_b = v_a.data_ptr(), v_b.data_ptr()
-        valid = (device_index >= 0 and dtype in spec_dtypes(FAMILY) and len(shape) == 3
+        valid = (device_index >= 0 and dtype in DTYPE_NAMES and len(shape) == 3
                  and v_b.dtype is dtype and v_b.shape == shape and v_b.get_device() == device_index
                  and v_a.is_contiguous() and v_b.is_contiguous() and not (ptr_a | ptr_b) & 15
                  and lse_a.dtype is torch.float32 and lse_b.dtype is torch.float32
@@ -160,7 +160,7 @@ def merge_attention_states_n(v: torch.Tensor, lse: torch.Tensor, *,
     """
     try:
         device_index, shape, dtype = v.get_device(), v.shape, v.dtype
-        valid = (device_index >= 0 and dtype in spec_dtypes(FAMILY) and len(shape) == 4 and v.is_contiguous()
+        valid = (device_index >= 0 and dtype in DTYPE_NAMES and len(shape) == 4 and v.is_contiguous()
                  and not v.data_ptr() & 15 and lse.dtype is torch.float32 and lse.shape == shape[:3]
                  and lse.get_device() == device_index)
     except AttributeError:  # not a tensor
