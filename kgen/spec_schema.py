@@ -25,6 +25,8 @@ more exclusions than it has variants.
 
 from __future__ import annotations
 
+from kgen.dtypes import ELEMENT_TYPES
+
 #: The most variants one spec file, or one family after merging its files, may declare.
 MAX_VARIANTS = 4096
 
@@ -34,7 +36,7 @@ _power_of_two_tile = {"type": "integer", "enum": [16, 32, 64, 128, 256]}
 #: The schema of one value of each axis.
 AXIS_VALUE_SCHEMAS: dict[str, dict] = {
     "head_dim": {"type": "integer", "minimum": 8, "maximum": 512, "multipleOf": 8},
-    "dtype": {"enum": ["bf16", "fp16", "fp32"]},
+    "dtype": {"enum": list(ELEMENT_TYPES)},
     "tile_m": _power_of_two_tile,
     "tile_n": _power_of_two_tile,
     # Powers of two, so that warps split a power-of-two tile evenly.
