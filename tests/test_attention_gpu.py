@@ -256,3 +256,22 @@ def test_bad_inputs_name_the_argument():
         attention_varlen(q, k, k, cu.long(), cu)
     with pytest.raises(ValueError, match="non-decreasing"):
         attention_varlen(q, k, k, torch.tensor([0, 6, 4, 10], dtype=torch.int32, device="cuda"), torch.tensor([0, 3, 6, 10], dtype=torch.int32, device="cuda"))
+
+
+def test_one_plan_over_new_tensors_patches_every_address():
+    """Later calls of one plan reuse its checked launch and patch the tensor maps: each must see its own tensors."""
+    seqlens = [70, 129, 1]
+    cu = torch.tensor([0, 70, 199, 200], dtype=torch.int32)
+    plan = plan_attention_varlen(cu, cu, head_dim=64, causal=True)
+    for seed in range(3):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        q = torch.randn((200, 4, 64), generator=gen, device="cuda").to(torch.bfloat16)
+        k, v = (torch.randn((200, 2, 64), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+        out, lse = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan, return_lse=True)
+        ref, lse_ref = reference(q, k, v, seqlens, seqlens, (-1, 0), None, 64 ** -0.5)
+        torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+    misaligned = torch.empty((200 * 4 * 64 + 1,), device="cuda", dtype=torch.bfloat16)[1:].view(200, 4, 64)
+    misaligned.copy_(q)
+    with pytest.raises(ValueError, match="q: rows must start at 16-byte aligned addresses"):
+        attention_varlen(misaligned, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan)
