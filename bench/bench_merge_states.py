@@ -27,13 +27,13 @@ import torch
 from common import (SUMMARY_COLUMNS, standalone_parser, Column, default_out_dir, environment, markdown_table, summary_row, time_cuda,
                     verdict, write_results)
 from kgen.ops import merge_attention_states, merge_attention_states_n
+from kgen.ops._dispatch import DTYPE_NAMES
 
 RATIO_BAR = 0.85
 BAR_MIN_V_BYTES = 256e6  # the bar applies once the inputs' v (all partials) reaches 256 MB
 EMPTY_FRACTION = 0.01  # share of partials with lse = -inf (saw no keys)
 CHECK_TOKENS = 2048  # tokens compared against the float64 reference before timing
 REL_TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 @dataclass(frozen=True)

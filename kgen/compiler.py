@@ -97,24 +97,31 @@ def parse_ptxas_log(log: str) -> dict[str, EntryResources]:
     return entries
 
 
-def cubin_kernels(cubin: bytes) -> set[str]:
-    """The kernels an ELF cubin holds: one ``.text.<name>`` section each.
+_STO_CUDA_ENTRY = 0x10  # st_other bit of a __global__ function's ELF symbol
 
-    Read from the section headers rather than the ptxas log, which NVRTC sometimes
-    returns without the per-entry lines.
+
+def cubin_kernels(cubin: bytes) -> set[str]:
+    """The kernels (``__global__`` entries) an ELF cubin holds, from its symbol table.
+
+    Read from the cubin rather than the ptxas log, which NVRTC sometimes returns
+    without the per-entry lines; a non-inlined device function is not an entry.
     """
     if cubin[:4] != b"\x7fELF" or cubin[4] != 2:  # 64-bit ELF
         raise ValueError("not a 64-bit ELF cubin")
     shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-    names_offset, names_size = headers[shstrndx][4], headers[shstrndx][5]
-    names = cubin[names_offset:names_offset + names_size]
+    shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
+    # (type, link, offset, size, entry size) of each section
+    sections = [(h[1], h[6], h[4], h[5], h[8]) for h in
+                (struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum))]
     out = set()
-    for name_index, *_ in headers:
-        name = names[name_index:names.index(b"\0", name_index)].decode()
-        if name.startswith(".text."):
-            out.add(name[len(".text."):])
+    for kind, link, offset, size, entsize in sections:
+        if kind != 2:  # SHT_SYMTAB
+            continue
+        strings = cubin[sections[link][2]:sections[link][2] + sections[link][3]]
+        for at in range(offset, offset + size, entsize):
+            name_index, info, other = struct.unpack_from("<IBB", cubin, at)
+            if info & 0xF == 2 and other & _STO_CUDA_ENTRY:  # STT_FUNC, a CUDA entry
+                out.add(strings[name_index:strings.index(b"\0", name_index)].decode())
     return out
 
 

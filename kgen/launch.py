@@ -47,7 +47,8 @@ def current_device() -> int:
 
 
 def current_stream(device_index: int) -> Stream:
-    """The cuda.core view of torch's current stream on ``device_index``, cached per raw handle (LRU)."""
+    """The cuda.core view of torch's current stream on ``device_index``, cached per raw handle (the oldest of
+    more than 64 handles is dropped, and rebuilt if it comes back)."""
     handle = _raw_current_stream(device_index)
     stream = _streams.get(handle)
     if stream is None:

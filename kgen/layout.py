@@ -83,8 +83,8 @@ def _attention_prefill(params: Mapping[str, Any]) -> KernelLayout:
     return KernelLayout(
         threads=params["num_warps"] * 32,
         dynamic_smem_bytes=SWIZZLE_ALIGNMENT + tile_bytes + ATTENTION_BARRIER_BYTES,
-        sizes={"q_box_rows": params["tile_m"], "kv_box_rows": params["tile_n"], "box_span_bytes": span_bytes,
-               "swizzle_bytes": span_bytes},
+        # The box's span is also its swizzle width.
+        sizes={"q_box_rows": params["tile_m"], "kv_box_rows": params["tile_n"], "box_span_bytes": span_bytes},
         parameters={"attention_prefill": _ATTENTION_PARAMETERS},
     )
 

@@ -275,3 +275,12 @@ def test_one_plan_over_new_tensors_patches_every_address():
     misaligned.copy_(q)
     with pytest.raises(ValueError, match="q: rows must start at 16-byte aligned addresses"):
         attention_varlen(misaligned, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan)
+
+
+@pytest.mark.parametrize("window, equivalent", [((-1, 2**31 - 1), (-1, -1)), ((2**31 - 1, 0), (-1, 0)),
+                                                ((2**31 - 1, 2**31 - 1), (-1, -1))])
+def test_windows_wider_than_any_sequence_equal_unbounded(window, equivalent):
+    """A window side up to 2^31 - 1 must not overflow the kernel's 32-bit positions."""
+    run_case([70, 200, 1], [90, 200, 5], 2, 2, 128, torch.bfloat16, False, window, False, seed=11)
+    run_case([70, 200, 1], [90, 200, 5], 2, 2, 128, torch.bfloat16, False, equivalent, False, seed=11)
+

@@ -185,3 +185,28 @@ def test_a_plan_placed_on_one_device_refuses_another():
     plan = plan_attention_varlen([0, 100], [0, 100], head_dim=128, device="cpu")
     with pytest.raises(ValueError, match="plan: its work list is on cpu"):
         plan.work_on(torch.device("meta"))
+
+
+def test_a_window_side_wider_than_every_sequence_reaches_the_kernel_as_unbounded():
+    from kgen.ops.attention import kernel_window
+
+    assert kernel_window((2**31 - 1, 2**31 - 1), 100, 300) == (-1, -1)
+    assert kernel_window((300, 100), 100, 300) == (-1, -1)
+    assert kernel_window((299, 99), 100, 300) == (299, 99)
+    assert kernel_window((-1, 0), 100, 300) == (-1, 0)
+
+
+def test_query_and_key_lengths_together_past_int32_are_refused():
+    half = 2**30 + 1
+    with pytest.raises(ValueError, match="query and key tokens together"):
+        plan_attention_varlen([0, half], [0, half], head_dim=128)
+
+
+@pytest.mark.parametrize("causal, window, scale", [(1, (-1, -1), None), (True, [-1, -1], None),
+                                                    (False, (True, -1), None), (False, (-1, -1), True)])
+def test_unusual_option_types_always_take_the_checks(causal, window, scale):
+    from kgen.ops.attention import _call_key
+
+    t = torch.zeros((4, 2, 64), dtype=torch.bfloat16)
+    assert _call_key(t, t, t, t, t, None, None, None, causal, window, scale) is None
+    assert _call_key(t, t, t, t, t, None, None, None, False, (-1, -1), 0.5) is not None

@@ -389,3 +389,13 @@ def test_loaded_modules_are_bounded(tmp_path, monkeypatch):
         assert kgen.jit._load.cache_info().currsize == kgen.jit.LOADED_MODULES
     finally:
         kgen.jit._load.cache_clear()
+
+
+def test_cubin_kernels_lists_entries_and_not_device_functions():
+    from kgen.compiler import cubin_kernels
+
+    source = ('extern "C" __device__ __noinline__ int helper(int x) { return x * 3; }\n'
+              'extern "C" __global__ void first(int* p) { p[0] = helper(p[1]); }\n'
+              'extern "C" __global__ void second(int* p) { p[1] = 2; }\n')
+    cubin, _ = compile_cubin(source, "sm_90a", "entries")
+    assert cubin_kernels(cubin) == {"first", "second"}

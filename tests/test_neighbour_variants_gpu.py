@@ -1,6 +1,7 @@
 """Every variant of tests/specs/neighbours on the GPU: the tile shapes and block sizes a user's spec
 can build one axis away from the built-in ones (tests/test_template_constraints.py keeps that list
-exact). Each kernel is launched directly, outputs poisoned, and compared with float64.
+exact). Each kernel is launched directly, outputs poisoned, a neighbouring sequence's inputs NaN/Inf,
+and compared with float64.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from kgen.ops._dispatch import launcher, layout  # noqa: E402
 from kgen.ops.attention import AttentionPlan, attention_varlen  # noqa: E402
 from kgen.ops.attention_plan import plan_tiles  # noqa: E402
 
-from test_attention_gpu import reference as attention_reference  # noqa: E402
+from test_attention_gpu import poison_sequence, reference as attention_reference  # noqa: E402
 from test_merge_states_gpu import assert_matches, reference as merge_reference  # noqa: E402
 
 NEIGHBOURS = Path(__file__).parent / "specs" / "neighbours"
@@ -52,12 +53,16 @@ def test_attention_neighbour(variant, causal):
     total, head_dim = sum(lengths), params["head_dim"]
     q = torch.randn((total, 4, head_dim), generator=gen, device="cuda").to(torch.bfloat16)
     k, v = (torch.randn((total, 2, head_dim), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    poison_sequence(q, k, v, lengths, lengths, 1)  # no other sequence may see its NaN and Inf
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     out = torch.full_like(q, float("nan"))
     lse = torch.full((4, total), float("nan"), device="cuda")
     attention_varlen(q, k, v, cu, cu, causal=causal, plan=plan, out=out, lse_out=lse, return_lse=True)
     out_ref, lse_ref = attention_reference(q, k, v, lengths, lengths, (-1, 0 if causal else -1), None,
                                            head_dim ** -0.5)
+    keep = torch.ones(total, dtype=torch.bool, device="cuda")
+    keep[lengths[0]:lengths[0] + lengths[1]] = False
+    out, out_ref, lse, lse_ref = out[keep], out_ref[keep], lse[:, keep], lse_ref[:, keep]
     assert not out.isnan().any() and not lse.isnan().any()
     torch.testing.assert_close(out.double(), out_ref, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)

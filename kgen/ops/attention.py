@@ -48,6 +48,9 @@ class AttentionPlan:
     #: The work list (int32 [num_work, 2]: sequence, query tile) where it lives now: on the
     #: host until the plan is placed on a device.
     _placed: list = field(repr=False)
+    #: The calls made with this plan, checked once each (see :func:`attention_varlen`); they live
+    #: as long as the plan.
+    _prepared: dict = field(default_factory=dict, repr=False)
 
     @property
     def has_incomplete_tile(self) -> bool:
@@ -198,45 +201,56 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ``out`` ``[total_q, Hq, D]`` in q's dtype, or ``(out, lse)``. Rows with no key to
         attend (and no sink) are 0 with LSE -inf.
     """
-    # A call shaped like an earlier one (same plan, layouts, dtypes, devices, options) reuses
-    # what the checks established and launches with the new addresses: the hot path of a model.
-    try:
-        key = (threading.get_ident(), plan, causal, window, softmax_scale, *_layout_key(q), *_layout_key(k),
-               *_layout_key(v), *_layout_key(cu_seqlens_q), *_layout_key(cu_seqlens_k), *_layout_key(sink),
-               *_layout_key(out), *_layout_key(lse_out))
-        prepared = _prepared_calls.get(key)
-        aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if out is None else out.data_ptr())) & 15
-    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: the checks say what is wrong
-        key, prepared, aligned = None, None, False
-    if prepared is None or not aligned:
+    # A call shaped like an earlier one of the same plan (layouts, dtypes, devices, options, calling
+    # thread) reuses what the checks established and launches with the new addresses: the hot path of
+    # a model. Anything unusual (no plan, options of unusual types) takes the checks every time.
+    key = _call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, causal, window, softmax_scale)
+    prepared = plan._prepared.get(key) if key is not None and isinstance(plan, AttentionPlan) else None
+    if prepared is None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15 or (out is not None and out.data_ptr() & 3):
         prepared = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_scale, plan,
                             out, lse_out)
-        if plan is not None and key is not None:  # a call without a plan plans for itself: nothing to keep
-            if len(_prepared_calls) >= _MAX_PREPARED_CALLS:
-                _prepared_calls.clear()
-            _prepared_calls[key] = prepared
+        if key is not None and plan is not None:
+            if len(plan._prepared) >= _MAX_PREPARED_CALLS:
+                plan._prepared.clear()
+            plan._prepared[key] = prepared
     return prepared.run(q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, return_lse)
 
 
-_MAX_PREPARED_CALLS = 256
-_prepared_calls: dict[tuple, "_PreparedCall"] = {}
+_MAX_PREPARED_CALLS = 16  # per plan: distinct layouts and options one batch layout is called with
 
 
-def _layout_key(t) -> tuple:
-    """What the checks depend on in a tensor argument, its address aside (None stays None)."""
-    if t is None:
-        return (None,)
-    return t.shape, t.stride(), t.dtype, t.get_device()
+def _call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, causal, window, softmax_scale):
+    """What the checks depend on, addresses aside; None when an argument is not of a plain type.
+
+    Types are part of it: ``True == 1``, but a bool scale or an int ``causal`` must be refused.
+    """
+    if (type(causal) is not bool or type(window) is not tuple or len(window) != 2
+            or type(window[0]) is not int or type(window[1]) is not int
+            or not (softmax_scale is None or type(softmax_scale) is float)):
+        return None
+    try:
+        return (threading.get_ident(), causal, window, softmax_scale,
+                *(None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+                  for t in (q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out)))
+    except AttributeError:  # not a tensor: the checks say which
+        return None
 
 
 class _PreparedCall:
     """A checked call's launch: everything but the addresses, and the tensor maps to patch with them."""
 
-    def __init__(self, launcher, grid, maps, work, tail_args, out_shape, lse_shape):
-        self.launcher, self.grid, self.maps, self.work = launcher, grid, maps, work
+    def __init__(self, device_index, launcher, grid, maps, work, tail_args, out_shape, lse_shape):
+        self.device_index, self.launcher, self.grid, self.maps, self.work = device_index, launcher, grid, maps, work
         self.tail_args, self.out_shape, self.lse_shape = tail_args, out_shape, lse_shape
 
-    def run(self, q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, return_lse):
+    def run(self, *args):
+        # Descriptors are built and patched on the tensors' device, which need not be the current one.
+        if current_device() == self.device_index:
+            return self._run(*args)
+        with torch.cuda.device(self.device_index):
+            return self._run(*args)
+
+    def _run(self, q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, return_lse):
         out = q.new_empty(self.out_shape) if out is None else out
         lse = q.new_empty(self.lse_shape, dtype=torch.float32) if lse_out is None else lse_out
         if self.launcher is not None:
@@ -273,6 +287,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
     scale_log2 = softmax_scale_log2(softmax_scale, head_dim)
     merged_window = validate_window(causal, window)
     if plan is None:
+        _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, None)
+        _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, None)
         plan = plan_attention_varlen(cu_seqlens_q.cpu(), cu_seqlens_k.cpu(), head_dim=head_dim, dtype=q.dtype,
                                      causal=causal, window=window, device=q.device)
     elif (plan.head_dim, plan.dtype, plan.window) != (head_dim, q.dtype, merged_window):
@@ -287,18 +303,29 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
 
     out_shape, lse_shape = (total_q, heads_q, head_dim), (heads_q, total_q)
     _check_result("out", out, out_shape, q.dtype, q)
-    if out is not None and out.data_ptr() % 16:  # the kernel stores rows in aligned pairs; attention_varlen rechecks per call
-        raise ValueError("out: expected a 16-byte aligned data pointer")
+    if out is not None and out.data_ptr() % 4:  # the kernel stores pairs of elements; rechecked per call
+        raise ValueError("out: expected a 4-byte aligned data pointer")
     _check_result("lse_out", lse_out, lse_shape, torch.float32, q)
     num_work = work.shape[0]
     if not (num_work and heads_q):
-        return _PreparedCall(None, None, None, work, (), out_shape, lse_shape)
+        return _PreparedCall(q.device.index, None, None, None, work, (), out_shape, lse_shape)
     sizes = layout(plan.variant).sizes
     # The kernel's row strides of out and lse are those of contiguous tensors (checked above, or new).
     tail_args = (heads_q // heads_kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                 heads_q * head_dim, head_dim, total_q, scale_log2, merged_window[0], merged_window[1])
+                 heads_q * head_dim, head_dim, total_q, scale_log2,
+                 *kernel_window(merged_window, plan.schedule.max_seqlen_q, plan.schedule.max_seqlen_k))
     # With no keys at all no key tile is ever loaded; the parameter still needs a descriptor.
     maps = tma.TensorMaps({"q": sizes["q_box_rows"], "k": sizes["kv_box_rows"], "v": sizes["kv_box_rows"]},
                           sizes["box_span_bytes"], alias_of={"k": "q", "v": "q"} if not total_k else {})
-    return _PreparedCall(_launcher(q.device.index, plan.variant), (num_work, heads_q), maps, work, tail_args,
-                         out_shape, lse_shape)
+    return _PreparedCall(q.device.index, _launcher(q.device.index, plan.variant), (num_work, heads_q), maps, work,
+                         tail_args, out_shape, lse_shape)
+
+
+def kernel_window(window: tuple[int, int], max_seqlen_q: int, max_seqlen_k: int) -> tuple[int, int]:
+    """The window as the kernel takes it: a side that bounds no key of any sequence becomes -1 (unbounded).
+
+    The kernel adds the window to 32-bit positions: a left side of max_seqlen_k or more, or a
+    right side of max_seqlen_q or more, allows every key yet could overflow there.
+    """
+    left, right = window
+    return (-1 if left >= max_seqlen_k else left), (-1 if right >= max_seqlen_q else right)

@@ -127,6 +127,10 @@ def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: in
     lk = _check_seqlens("seqlens_k", seqlens_k)
     if len(lk) != len(lq):
         raise ValueError(f"seqlens_k: expected one length per sequence of seqlens_q ({len(lq)}), got {len(lk)}")
+    longest_pair = int((lq + lk).max(initial=0))
+    if longest_pair > INT32_LIMIT:  # the kernel adds a sequence's query and key positions in 32 bits
+        raise ValueError(f"seqlens_q, seqlens_k: a sequence has {longest_pair} query and key tokens together; "
+                         f"the kernels take at most {INT32_LIMIT}")
     _check_int("tile_m", tile_m, minimum=1)
     _check_int("tile_n", tile_n, minimum=1)
     merged = validate_window(causal, window)
@@ -203,8 +207,8 @@ def seqlens_from_cu(cu: Sequence[int] | torch.Tensor, name: str) -> list[int]:
                     raise TypeError(f"{name}[{i}]: expected an int, got {type(value).__name__} {value!r}")
         # Checked before numpy sees them: 2**63 would overflow int64.
         if cu and not (-INT32_LIMIT <= min(cu) and max(cu) <= INT32_LIMIT):
-            raise ValueError(f"{name}: entries must lie in [0, {INT32_LIMIT}] (cu_seqlens reach the kernels as "
-                             f"int32), got values from {min(cu)} to {max(cu)}")
+            raise ValueError(f"{name}: entries must be at most {INT32_LIMIT} in magnitude (cu_seqlens reach the "
+                             f"kernels as int32), got values from {min(cu)} to {max(cu)}")
         values = np.array(cu, dtype=np.int64).reshape(-1)
     else:
         raise TypeError(f"{name}: expected a list or tuple of ints or a CPU int32/int64 1-D tensor, "
