@@ -399,3 +399,22 @@ def test_cubin_kernels_lists_entries_and_not_device_functions():
               'extern "C" __global__ void second(int* p) { p[1] = 2; }\n')
     cubin, _ = compile_cubin(source, "sm_90a", "entries")
     assert cubin_kernels(cubin) == {"first", "second"}
+
+
+def test_a_resource_report_missing_an_entry_is_compiled_again_alone(monkeypatch):
+    import kgen.compiler as compiler
+
+    source = 'extern "C" __global__ void only(int* p) { p[0] = 1; }\n'
+    real_parse, calls = compiler.parse_ptxas_log, []
+
+    def first_report_empty(log):
+        calls.append(log)
+        return {} if len(calls) == 1 else real_parse(log)
+
+    monkeypatch.setattr(compiler, "parse_ptxas_log", first_report_empty)
+    _, record = compile_cubin(source, "sm_90a", "retry")
+    assert len(calls) == 2 and set(record.entries) == {"only"}
+
+    monkeypatch.setattr(compiler, "parse_ptxas_log", lambda log: {})
+    with pytest.raises(CompileError, match="ptxas reported no resources for only"):
+        compile_cubin(source, "sm_90a", "never")
