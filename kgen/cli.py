@@ -154,14 +154,14 @@ def _variants_to_build(reg: Registry, families: tuple[str, ...], target: Arch) -
         reg.family(name)  # an unknown name is an error listing the known families
     chosen = [v for v in reg.variants() if not families or v.family.name in families]
     variants = [v for v in chosen if v.supports_sm(target.sm)]
-    skipped: dict[str, list[Variant]] = {}
+    skipped: dict[tuple[str, str], list[Variant]] = {}
     for variant in chosen:
-        if not variant.supports_sm(target.sm):
-            skipped.setdefault(variant.family.name, []).append(variant)
-    for name, members in skipped.items():
-        family = members[0].family
-        echo_error(f"skip: {name}: {len(members)} of {len(family.variants)} variants need sm_{family.min_sm} or "
-                   f"newer (min_sm in its spec); not built for {target.name}")
+        reason = variant.arch_refusal(target.sm)
+        if reason is not None:
+            skipped.setdefault((variant.family.name, reason), []).append(variant)
+    for (name, reason), members in skipped.items():
+        echo_error(f"skip: {name}: {len(members)} of {len(members[0].family.variants)} variants {reason}; "
+                   f"not built for {target.name}")
     if not variants:
         where = f"families {list(families)}" if families else f"the spec path {[str(d) for d in reg.spec_dirs]}"
         raise CommandError(f"nothing to build for {target.name}: {where} "

@@ -31,6 +31,11 @@ PROGRAM_NAME = "kgen_variant"
 # Only diagnostics located in the rendered source itself; those in included headers carry the header's name.
 _DIAGNOSTIC = re.compile(rf"^{PROGRAM_NAME}\((\d+)\): (error|catastrophic error)", re.M)
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+#: ptxas warnings that a Hopper kernel lost its design: wgmma serialised (C7510-C7520: too few
+#: registers, accumulators touched inside a fence..wait window, ...) or setmaxnreg ignored.
+#: They fail the build as spills do: such a kernel is correct but runs far below its speed.
+_LOST_PERFORMANCE = re.compile(r"^.*(?:\(C75(?:0[89]|1\d|20)\)|wgmma\.mma_async instructions are serialized"
+                               r"|'?setmaxnreg'? ignored).*$", re.M)
 
 
 @dataclass
@@ -266,6 +271,10 @@ def _compile_once(source: str, arch: str, variant_name: str) -> tuple[bytes, Bui
         ) from None
     elapsed_ms = (time.perf_counter() - started) * 1e3
     text = log.getvalue()
+    lost = [line.strip() for line in _LOST_PERFORMANCE.findall(text)]
+    if lost:
+        raise CompileError(f"{variant_name} for {arch}: ptxas says the kernel loses its Hopper design:\n"
+                           + "\n".join(lost))
     record = BuildRecord(arch=arch, compile_ms=elapsed_ms, entries=parse_ptxas_log(text),
                          callee_spill_bytes=parse_callee_spills(text))
     return bytes(code.code), record

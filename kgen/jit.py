@@ -59,9 +59,10 @@ def build(variant: Variant, arch: str | None = None) -> BuildResult:
     :class:`CompileError` if it does not compile into every entry its spec names.
     """
     target = arch_module.parse(arch, "arch") if arch else arch_module.parse(device_arch(), "device arch")
-    if not variant.supports_sm(target.sm):
-        raise UnsupportedArchError(f"{variant.name} needs sm_{variant.family.min_sm} or newer (min_sm in "
-                                   f"{variant.spec_path}); it cannot be built for {target.name}")
+    reason = variant.arch_refusal(target.sm)
+    if reason is not None:
+        raise UnsupportedArchError(f"{variant.name} cannot be built for {target.name}: such variants {reason}, "
+                                   f"{variant.spec_path}")
     source = render(variant)
     result = _cached_or_compiled(variant, target.name, source)
     _check_entries(result)

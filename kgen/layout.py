@@ -62,8 +62,11 @@ class KernelLayout:
 
 #: TMA's 128-byte swizzle repeats every 1024 bytes; tiles start on such a boundary.
 SWIZZLE_ALIGNMENT = 1024
-#: Room for the prefill kernel's mbarriers (three of 8 bytes, padded).
-ATTENTION_BARRIER_BYTES = 64
+#: Room for the prefill kernels' mbarriers, 8 bytes each, padded: mma.sync's three (one per
+#: K/V buffer, one for Q); wgmma's nine (full and empty per K and per V buffer, one for Q).
+ATTENTION_BARRIER_BYTES = {"mma_sync": 64, "wgmma": 128}
+#: A warpgroup: wgmma's unit, four warps.
+WARPGROUP_THREADS = 128
 
 _ATTENTION_PARAMETERS = _parameters(
     "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, "
@@ -80,9 +83,12 @@ def _attention_prefill(params: Mapping[str, Any]) -> KernelLayout:
     span_bytes = min(row_bytes, 128)
     # One Q tile, two buffers each of K and V.
     tile_bytes = (params["tile_m"] + 4 * params["tile_n"]) * row_bytes
+    mma = params["mma"]
+    # wgmma: num_warps consumer warps (a warpgroup per 64 query rows) and a producer warpgroup.
+    threads = params["num_warps"] * 32 + (WARPGROUP_THREADS if mma == "wgmma" else 0)
     return KernelLayout(
-        threads=params["num_warps"] * 32,
-        dynamic_smem_bytes=SWIZZLE_ALIGNMENT + tile_bytes + ATTENTION_BARRIER_BYTES,
+        threads=threads,
+        dynamic_smem_bytes=SWIZZLE_ALIGNMENT + tile_bytes + ATTENTION_BARRIER_BYTES[mma],
         # The box's span is also its swizzle width.
         sizes={"q_box_rows": params["tile_m"], "kv_box_rows": params["tile_n"], "box_span_bytes": span_bytes},
         parameters={"attention_prefill": _ATTENTION_PARAMETERS},

@@ -42,7 +42,7 @@ class SpecPathError(FileNotFoundError, ValueError):
 
 
 #: Family-wide keys: the file naming the template sets them, another may only repeat them.
-_FAMILY_KEYS = ("entries", "allow_spills", "min_sm", "defaults")
+_FAMILY_KEYS = ("entries", "allow_spills", "min_sm", "sm_only", "defaults")
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,20 @@ class Variant:
         return dict(self.params)
 
     def supports_sm(self, sm: int) -> bool:
-        """Whether this variant runs on arch ``sm`` (``90`` for sm_90a): its family's ``min_sm`` allows it."""
-        return self.family.min_sm is None or sm >= self.family.min_sm
+        """Whether this variant runs on arch ``sm`` (``90`` for sm_90a): its family's ``min_sm`` and ``sm_only`` allow it."""
+        return self.arch_refusal(sm) is None
+
+    def arch_refusal(self, sm: int) -> str | None:
+        """Why this variant cannot run on arch ``sm``, as the spec says it; None if it can."""
+        family = self.family
+        if family.min_sm is not None and sm < family.min_sm:
+            return f"need sm_{family.min_sm} or newer (min_sm in its spec)"
+        for axis, table in family.sm_only.items():
+            value = self.param_dict.get(axis)
+            only = table.get(str(value).lower() if isinstance(value, bool) else str(value))
+            if only is not None and sm not in only:
+                return f"with {axis}={value} run on {', '.join(f'sm_{n}' for n in only)} only (sm_only in its spec)"
+        return None
 
 
 @dataclass
@@ -81,6 +93,8 @@ class Family:
     min_sm: int | None = None
     #: The axes the spec's configs set together (a tile shape), in the spec's order; empty without configs.
     config_axes: tuple[str, ...] = ()
+    #: Axis values that run on some archs alone (see ``sm_only`` in kgen.spec_schema).
+    sm_only: dict = field(default_factory=dict)
 
     def axis_values(self, axis: str, **fixed: Any) -> list:
         """The values of ``axis`` over the variants that agree with ``fixed``, in search-path and spec order."""
@@ -198,7 +212,7 @@ class Registry:
             name=owner.family, template=owner.template, entries=owner.entries,
             template_dirs=(owner.path.parent, config.BUILTIN_TEMPLATE_DIR),
             allow_spills=owner.allow_spills, axes=tuple(owner.axes), defaults=owner.defaults,
-            min_sm=owner.min_sm, config_axes=owner.config_axes,
+            min_sm=owner.min_sm, config_axes=owner.config_axes, sm_only=owner.sm_only,
         )
         seen = set()
         for spec in specs:

@@ -55,6 +55,8 @@ class SpecFile:
     allow_spills: bool
     #: The oldest arch (``90`` for sm_90) the variants run on; None: any.
     min_sm: int | None
+    #: Axis -> value (as spelled in YAML, a string) -> the only archs it runs on: ``{"mma": {"wgmma": (90,)}}``.
+    sm_only: dict[str, dict[str, tuple[int, ...]]]
     #: Every axis and its values: the axes the configs set, then the ``axes`` lists.
     axes: dict[str, tuple]
     #: The axes each config sets, in the first config's order; empty without configs.
@@ -331,6 +333,8 @@ def load_spec_file(path: Path | str) -> SpecFile:
         entries=tuple(entries) if entries else None,
         allow_spills=data.get("allow_spills", False),
         min_sm=data.get("min_sm"),
+        sm_only={axis: {str(value): tuple(sms) for value, sms in table.items()}
+                 for axis, table in data.get("sm_only", {}).items()},
         axes={k: tuple(v) for k, v in _axis_values(data).items()},
         config_axes=tuple(configs[0]) if configs else (),
         defaults=dict(data.get("defaults", {})),

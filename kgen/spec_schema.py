@@ -2,8 +2,8 @@
 
 Axis names are a closed set so that a typo (``head_dims``) is an error, not a
 silently ignored axis; a new kernel family that needs a new axis adds it here.
-Each axis admits only values that some kernel could use (tile sizes are powers
-of two from 16 to 256, warps per block a power of two up to 16); a template's
+Each axis admits only values that some kernel could use (tile sizes are multiples
+of 16 up to 256, warps per block a power of two up to 16); a template's
 finer constraints are its own ``static_assert``s.
 
 Top-level keys besides the variant space:
@@ -14,6 +14,12 @@ Top-level keys besides the variant space:
     variants (see ``Variant.supports_sm``). Without it a family runs anywhere.
     Only the file naming the template needs to give it; another file of the
     family may repeat it, with the same value.
+
+``sm_only`` (optional: axis -> value -> list of archs)
+    Values of an axis that run on the listed archs alone: ``sm_only: {mma: {wgmma:
+    [90]}}`` for a kernel built on sm_90a's wgmma, which neither older nor newer
+    GPUs have. ``kgen build`` skips those variants for other archs, and ops do not
+    choose them there. Family-wide, like ``min_sm``.
 
 A family declares at most :data:`MAX_VARIANTS` variants: each file's cross
 product (the axis sizes multiplied, times the number of configs, counted
@@ -31,16 +37,19 @@ from kgen.dtypes import ELEMENT_TYPES
 MAX_VARIANTS = 4096
 
 _positive_int = {"type": "integer", "minimum": 1}
-_power_of_two_tile = {"type": "integer", "enum": [16, 32, 64, 128, 256]}
+#: Tile rows and keys: whole 16-row mma blocks, at most a TMA box (256 rows).
+_tile = {"type": "integer", "minimum": 16, "maximum": 256, "multipleOf": 16}
 
 #: The schema of one value of each axis.
 AXIS_VALUE_SCHEMAS: dict[str, dict] = {
     "head_dim": {"type": "integer", "minimum": 8, "maximum": 512, "multipleOf": 8},
     "dtype": {"enum": list(ELEMENT_TYPES)},
-    "tile_m": _power_of_two_tile,
-    "tile_n": _power_of_two_tile,
+    "tile_m": _tile,
+    "tile_n": _tile,
     # Powers of two, so that warps split a power-of-two tile evenly.
-    "num_warps": {"type": "integer", "enum": [1, 2, 4, 8, 16]},
+    "num_warps": {"type": "integer", "enum": [1, 2, 4, 8, 12, 16]},
+    # Which tensor-core instructions a kernel is built on (attention: Ampere-style mma.sync, or Hopper's wgmma).
+    "mma": {"enum": ["mma_sync", "wgmma"]},
     "min_blocks_per_sm": {**_positive_int, "maximum": 32},
     # How an incomplete tile reaches shared memory: a TMA load of the whole
     # box plus masking, or predicated zero-filling cp.async.
@@ -80,6 +89,15 @@ SPEC_SCHEMA: dict = {
         "allow_spills": {"type": "boolean"},
         # sm_50 is the oldest arch NVRTC has targeted; three digits cover sm_100 and later.
         "min_sm": {"type": "integer", "minimum": 50, "maximum": 999},
+        "sm_only": {
+            "type": "object",
+            "propertyNames": {"enum": list(AXIS_VALUE_SCHEMAS)},
+            "additionalProperties": {
+                "type": "object", "minProperties": 1,
+                "additionalProperties": {"type": "array", "minItems": 1, "uniqueItems": True,
+                                         "items": {"type": "integer", "minimum": 50, "maximum": 999}},
+            },
+        },
         "axes": {
             "type": "object",
             "minProperties": 1,

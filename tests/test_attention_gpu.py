@@ -30,11 +30,16 @@ def head_dims() -> list[int]:
     return registry.current().family("attention_prefill").supported("head_dim")
 
 
-def kernels() -> list[tuple[int, int | None, str]]:
-    """(head_dim, tile_m, tail) of every kernel the spec lists, and tile_m None for the planner's own choice."""
-    listed = sorted({(v.param_dict["head_dim"], v.param_dict["tile_m"], v.param_dict["tail"])
+def kernels() -> list[tuple[str | None, int, int | None, str]]:
+    """(mma, head_dim, tile_m, tail) of every kernel the spec lists, and (None, head_dim, None, tail) for the
+    planner's own choice."""
+    listed = sorted({(v.param_dict["mma"], v.param_dict["head_dim"], v.param_dict["tile_m"], v.param_dict["tail"])
                      for v in registry.current().family("attention_prefill").variants})
-    return listed + sorted({(d, None, t) for d, _, t in listed})
+    return listed + [(None, d, None, t) for d, t in sorted({(d, t) for _, d, _, t in listed})]
+
+
+def kernel_id(kernel) -> str:
+    return "{}-hd{}-m{}-{}".format(*kernel)
 
 
 def reference(q, k, v, seqlens_q, seqlens_k, window, sink, scale):
@@ -83,7 +88,7 @@ def poison_sequence(q, k, v, seqlens_q, seqlens_k, index):
 
 
 def run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, dtype, causal, window, use_sink, seed, use_plan=True,
-             tail=None, tile_m=None, poisoned=None):
+             tail=None, tile_m=None, poisoned=None, mma=None):
     """One batch against the float64 reference; with ``poisoned`` (a sequence index), that sequence's
     inputs are NaN/Inf and every other sequence must still match exactly as without it."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -97,9 +102,11 @@ def run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, dtype, causal, win
     cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0).tolist()), dtype=torch.int32)
     cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0).tolist()), dtype=torch.int32)
     plan = (plan_attention_varlen(cu_q, cu_k, head_dim=head_dim, dtype=dtype, causal=causal, window=window, tail=tail,
-                                  tile_m=tile_m) if use_plan else None)
+                                  tile_m=tile_m, mma=mma) if use_plan else None)
     if tile_m is not None:
         assert plan.variant.param_dict["tile_m"] == tile_m
+    if mma is not None:
+        assert plan.variant.param_dict["mma"] == mma
     out = torch.full((total_q, heads_q, head_dim), float("nan"), dtype=dtype, device="cuda")
     lse = torch.full((heads_q, total_q), float("nan"), dtype=torch.float32, device="cuda")
     scale = 1.0 / math.sqrt(head_dim)
@@ -136,9 +143,9 @@ windows = st.tuples(st.sampled_from([-1, -1, 0, 1, 17, 100]), st.sampled_from([-
 )
 def test_attention_matches_reference(seqs, heads_kv, group, kernel, dtype, causal, window, use_sink, seed):
     seqlens_q, seqlens_k = [s[0] for s in seqs], [s[1] for s in seqs]
-    head_dim, tile_m, tail = kernel
+    mma, head_dim, tile_m, tail = kernel
     run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, DTYPES[dtype], causal, window, use_sink, seed, tail=tail,
-             tile_m=tile_m)
+             tile_m=tile_m, mma=mma)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -147,9 +154,9 @@ def test_attention_matches_reference(seqs, heads_kv, group, kernel, dtype, causa
     head_dim=st.sampled_from(head_dims()), causal=st.booleans(), seed=st.integers(0, 2**31 - 1),
 )
 def test_full_tile_batches_use_the_no_tail_variant(tiles, head_dim, causal, seed):
-    params = registry.current().family("attention_prefill").select(
-        head_dim=head_dim, dtype="bf16", has_incomplete_tile=True).param_dict
-    tile = max(params["tile_m"], params["tile_n"])  # both powers of two: a multiple of each
+    # A multiple of every tile size, whichever shape the planner takes.
+    tile = math.lcm(*(v.param_dict[axis] for v in registry.current().family("attention_prefill").variants
+                      for axis in ("tile_m", "tile_n")))
     seqlens_q, seqlens_k = [tile * a for a, _ in tiles], [tile * b for _, b in tiles]
     cu = [0]
     for n in seqlens_q:
@@ -163,36 +170,36 @@ def test_full_tile_batches_use_the_no_tail_variant(tiles, head_dim, causal, seed
 
 @pytest.mark.parametrize("length", [1, 7, 8, 9, 31, 63, 64, 65, 71, 72, 127, 128, 129, 255, 256, 257, 1023, 1025, 4096])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("kernel", [k for k in kernels() if k[1] is not None], ids=lambda k: "hd{}-m{}-{}".format(*k))
+@pytest.mark.parametrize("kernel", [k for k in kernels() if k[2] is not None], ids=kernel_id)
 def test_long_sequences(length, causal, kernel):
-    head_dim, tile_m, tail = kernel
+    mma, head_dim, tile_m, tail = kernel
     run_case([length, 7], [length, 7], 2, 4, head_dim, torch.bfloat16, causal, (-1, -1), False, seed=length,
-             tail=tail, tile_m=tile_m)
+             tail=tail, tile_m=tile_m, mma=mma)
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("kernel", [k for k in kernels() if k[1] is not None], ids=lambda k: "hd{}-m{}-{}".format(*k))
+@pytest.mark.parametrize("kernel", [k for k in kernels() if k[2] is not None], ids=kernel_id)
 def test_every_no_tail_kernel_on_full_tiles(causal, kernel):
-    head_dim, tile_m, tail = kernel
+    mma, head_dim, tile_m, tail = kernel
     lengths = [512, 256, 1024]  # whole tiles of every shape, so the has_incomplete_tile=false twin runs
     cu = [0, 512, 768, 1792]
-    plan = plan_attention_varlen(cu, cu, head_dim=head_dim, causal=causal, tail=tail, tile_m=tile_m)
+    plan = plan_attention_varlen(cu, cu, head_dim=head_dim, causal=causal, tail=tail, tile_m=tile_m, mma=mma)
     assert plan.variant.param_dict["has_incomplete_tile"] is False
     run_case(lengths, lengths, 2, 2, head_dim, torch.float16, causal, (-1, -1), True, seed=tile_m + head_dim,
-             tail=tail, tile_m=tile_m)
+             tail=tail, tile_m=tile_m, mma=mma)
 
 
 @pytest.mark.parametrize("full_tiles", [False, True], ids=["tails", "full-tiles"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("kernel", kernels(), ids=lambda k: "hd{}-m{}-{}".format(*k))
+@pytest.mark.parametrize("kernel", kernels(), ids=kernel_id)
 def test_poisoned_neighbours_never_reach_a_sequence(kernel, causal, full_tiles):
     """The issue's batch (lengths 63, 65, 200, 1, the second poisoned), and a batch of whole tiles
     (the has_incomplete_tile=false variant), for every kernel and tail policy."""
-    head_dim, tile_m, tail = kernel
+    mma, head_dim, tile_m, tail = kernel
     lengths = [256, 512, 128, 256] if full_tiles else [63, 65, 200, 1]
     for poisoned in (1, 2):
         run_case(lengths, lengths, 2, 2, head_dim, torch.bfloat16, causal, (-1, -1), False, seed=head_dim + poisoned,
-                 tail=tail, tile_m=tile_m, poisoned=poisoned)
+                 tail=tail, tile_m=tile_m, poisoned=poisoned, mma=mma)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -203,9 +210,9 @@ def test_poisoned_neighbours_never_reach_a_sequence(kernel, causal, full_tiles):
 def test_poisoned_neighbours_on_random_batches(seqs, data, kernel, causal, window, seed):
     seqlens_q, seqlens_k = [s[0] for s in seqs], [s[1] for s in seqs]
     poisoned = data.draw(st.integers(0, len(seqs) - 1), label="poisoned")
-    head_dim, tile_m, tail = kernel
+    mma, head_dim, tile_m, tail = kernel
     run_case(seqlens_q, seqlens_k, 1, 2, head_dim, torch.float16, causal, window, True, seed, tail=tail,
-             tile_m=tile_m, poisoned=poisoned)
+             tile_m=tile_m, poisoned=poisoned, mma=mma)
 
 
 def test_without_a_plan_the_op_plans_for_itself():
@@ -284,3 +291,17 @@ def test_windows_wider_than_any_sequence_equal_unbounded(window, equivalent):
     run_case([70, 200, 1], [90, 200, 5], 2, 2, 128, torch.bfloat16, False, window, False, seed=11)
     run_case([70, 200, 1], [90, 200, 5], 2, 2, 128, torch.bfloat16, False, equivalent, False, seed=11)
 
+
+
+@pytest.mark.parametrize("kernel", [k for k in kernels() if k[2] is not None], ids=kernel_id)
+def test_two_runs_are_bitwise_equal(kernel):
+    mma, head_dim, tile_m, tail = kernel
+    lengths = [300, 1, 129, 700]
+    cu = torch.tensor([0, 300, 301, 430, 1130], dtype=torch.int32)
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+    q, k, v = (torch.randn((1130, 4, head_dim), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
+    plan = plan_attention_varlen(cu, cu, head_dim=head_dim, causal=True, tail=tail, tile_m=tile_m, mma=mma)
+    assert plan.variant.param_dict["mma"] == mma and sum(lengths) == 1130
+    first = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan, return_lse=True)
+    second = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan, return_lse=True)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])

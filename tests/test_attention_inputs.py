@@ -7,6 +7,7 @@ import torch
 from kgen import config, registry
 from kgen.registry import UnsupportedVariantError
 from kgen.ops import attention_varlen, plan_attention_varlen
+from kgen.ops import attention
 from kgen.ops.attention import softmax_scale_log2
 
 
@@ -37,10 +38,21 @@ def test_work_list_covers_every_query_tile_longest_first():
     assert tuple(plan.work[0].tolist()) == (0, 2)  # the causal tile with the most keys goes first
 
 
-def tile_heights(head_dim: int, **required) -> list[int]:
-    """The spec's tile heights for ``head_dim``, in its order of preference."""
-    return [v.param_dict["tile_m"] for v in registry.current().family("attention_prefill").preferred(
-        group_by=("tile_m", "tile_n"), head_dim=head_dim, dtype="bf16", has_incomplete_tile=True, **required)]
+def tile_heights(head_dim: int, tail: str | None = None) -> list[int]:
+    """The tile heights a plan for sm_90 (what plans without a GPU target) chooses among for ``head_dim``,
+    in the spec's order of preference."""
+    return [v.param_dict["tile_m"] for v in attention._tile_candidates(head_dim, torch.bfloat16, tail, None, 90)]
+
+
+def test_plans_without_a_gpu_take_the_first_kernel_the_arch_runs():
+    family = registry.current().family("attention_prefill")
+    assert [v.param_dict["mma"] for v in family.variants[:1]] == ["wgmma"]
+    assert {v.param_dict["mma"] for v in attention._tile_candidates(128, torch.bfloat16, None, None, 90)} == {"wgmma"}
+    # Newer GPUs have no wgmma: they run the mma.sync kernel.
+    assert {v.param_dict["mma"] for v in attention._tile_candidates(128, torch.bfloat16, None, None, 100)} == {"mma_sync"}
+    with config.overrides(KGEN_ARCH="sm_100a"):
+        assert plan_attention_varlen([0, 256], [0, 256], head_dim=128).variant.param_dict["mma"] == "mma_sync"
+    assert plan_attention_varlen([0, 256], [0, 256], head_dim=128).variant.param_dict["mma"] == "wgmma"
 
 
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
@@ -82,7 +94,7 @@ axes:
   tail: [tma]
   has_incomplete_tile: [true, false]
 configs:
-  - {head_dim: 128, tile_m: 128, tile_n: 64, num_warps: 8, min_blocks_per_sm: 1}
+  - {mma: wgmma, head_dim: 128, tile_m: 128, tile_n: 64, num_warps: 8, min_blocks_per_sm: 1}
 """
 
 
@@ -92,9 +104,9 @@ def test_a_user_spec_tile_shape_leads_the_planners_preference(tmp_path):
         plan = plan_attention_varlen([0, 8192], [0, 8192], head_dim=128, device="cpu")
         assert (plan.variant.param_dict["tile_m"], plan.variant.param_dict["tile_n"]) == (128, 64)
         assert plan.variant.spec_path == tmp_path / "shape.yaml"
-        # Short causal prompts still take the built-in 64x64 tiles: the user's shape computes more there.
-        short = plan_attention_varlen([0, 100, 200], [0, 100, 200], head_dim=128, causal=True, device="cpu")
-        assert short.variant.param_dict["tile_m"] == 64
+        # 64 queries over 128 keys take the built-in 64x128 tiles: the user's 128x64 computes twice as many scores.
+        short = plan_attention_varlen([0, 64], [0, 128], head_dim=128, device="cpu")
+        assert (short.variant.param_dict["tile_m"], short.variant.param_dict["tile_n"]) == (64, 128)
     assert plan_attention_varlen([0, 8192], [0, 8192], head_dim=128,
                                  device="cpu").variant.param_dict["tile_n"] == 128
 

@@ -130,24 +130,38 @@ def test_merge_sass_uses_128_bit_accesses_and_no_local_memory(params, tmp_path):
         assert not local, f"{entry}: local memory accesses: {local[:5]}"
 
 
-_ATTENTION_INSTRUCTIONS = {
-    "HMMA": re.compile(r"\bHMMA\.16816\.F32"),  # mma.sync m16n8k16, fp32 accumulators
-    "LDSM": re.compile(r"\bLDSM\.16\.M88\.4\b"),  # ldmatrix x4 (K, Q)
-    "LDSM.T": re.compile(r"\bLDSM\.16\.MT88\.4\b"),  # ldmatrix x4 transposed (V)
-    "UTMALDG": re.compile(r"\bUTMALDG\.3D\b"),  # TMA tile loads of full tiles
-}
+def _attention_instructions(params: dict) -> dict[str, re.Pattern]:
+    """The instructions each attention kernel is built on, by name."""
+    tma = {"UTMALDG": re.compile(r"\bUTMALDG\.3D\b")}  # TMA tile loads of full tiles
+    if params["mma"] == "wgmma":
+        return {**tma,
+                # S = Q K^T from two shared-memory descriptors; O += P V with P from registers.
+                "HGMMA SS": re.compile(rf"\bHGMMA\.64x{params['tile_n']}x16\.F32\.BF16 R\d+, gdesc\["),
+                "HGMMA RS": re.compile(rf"\bHGMMA\.64x{params['head_dim']}x16\.F32\.BF16 R\d+, R\d+, gdesc\["),
+                "setmaxnreg": re.compile(r"\bUSETMAXREG\b")}
+    return {**tma,
+            "HMMA": re.compile(r"\bHMMA\.16816\.F32"),  # mma.sync m16n8k16, fp32 accumulators
+            "LDSM": re.compile(r"\bLDSM\.16\.M88\.4\b"),  # ldmatrix x4 (K, Q)
+            "LDSM.T": re.compile(r"\bLDSM\.16\.MT88\.4\b")}  # ldmatrix x4 transposed (V)
+
+
 _CP_ASYNC = re.compile(r"\bLDGSTS\b")
 
 
-@pytest.mark.parametrize("tail", ["cp_async", "tma"])
-@pytest.mark.parametrize("has_incomplete_tile", [True, False])
-def test_attention_sass_has_tensor_core_ldmatrix_and_tma_and_no_local_memory(tail, has_incomplete_tile, tmp_path):
-    variant = kgen.registry.current().family("attention_prefill").select(
-        head_dim=128, dtype="bf16", tail=tail, has_incomplete_tile=has_incomplete_tile)
+def _bf16_attention_variants():
+    family = kgen.registry.current().family("attention_prefill")
+    return [v for v in family.variants if v.param_dict["dtype"] == "bf16"]
+
+
+@pytest.mark.parametrize("name", [v.name for v in _bf16_attention_variants()], ids=lambda n: n.split("[")[1])
+def test_attention_sass_has_its_kernels_instructions_and_no_local_memory(name, tmp_path):
+    variant = next(v for v in _bf16_attention_variants() if v.name == name)
+    params = variant.param_dict
+    tail, has_incomplete_tile = params["tail"], params["has_incomplete_tile"]
     cubin, _ = _compiled(variant.name)
     text = sass_by_function(cubin, tmp_path)["attention_prefill"]
-    for name, pattern in _ATTENTION_INSTRUCTIONS.items():
-        assert pattern.search(text), f"{variant.name}: no {name}"
+    for what, pattern in _attention_instructions(params).items():
+        assert pattern.search(text), f"{variant.name}: no {what}"
     # Predicated cp.async exists only where an incomplete tile may take it.
     assert bool(_CP_ASYNC.search(text)) is (has_incomplete_tile and tail == "cp_async")
     local = [line.strip() for line in text.splitlines() if _LOCAL.search(line)]
@@ -360,8 +374,8 @@ def test_build_of_a_variant_needing_a_newer_arch_is_a_clear_error(tmp_path, cach
     variant = _one_variant(tmp_path, TWO_KERNELS, ("first", "second"), min_sm=90)
     with pytest.raises(kgen.jit.UnsupportedArchError) as info:
         kgen.jit.build(variant, "sm_80")
-    assert str(info.value) == (f"one[value=1] needs sm_90 or newer (min_sm in {variant.spec_path}); "
-                               "it cannot be built for sm_80")
+    assert str(info.value) == ("one[value=1] cannot be built for sm_80: such variants need sm_90 or newer "
+                               f"(min_sm in its spec), {variant.spec_path}")
     assert not cache_dir.exists()
     for arch in ("sm_90", "sm_90a", "sm_100f"):
         assert kgen.jit.build(variant, arch).cubin[:4] == b"\x7fELF"
@@ -418,3 +432,45 @@ def test_a_resource_report_missing_an_entry_is_compiled_again_alone(monkeypatch)
     monkeypatch.setattr(compiler, "parse_ptxas_log", lambda log: {})
     with pytest.raises(CompileError, match="ptxas reported no resources for only"):
         compile_cubin(source, "sm_90a", "never")
+
+
+# --------------------------------------------------------------------------- Hopper build gates
+
+_SETMAXNREG_WITHOUT_BOUNDS = r'''
+extern "C" __global__ void k(int* out) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    out[threadIdx.x] = 1;
+}
+'''
+
+# The accumulator is written between the wgmma's issue and its wait: ptxas must wait early.
+_WGMMA_ACCUMULATOR_TOUCHED_IN_FLIGHT = r'''
+extern "C" __global__ void __launch_bounds__(128, 1) k(float* out, unsigned long long a, unsigned long long b) {
+    float d[4];
+    for (int i = 0; i < 4; ++i) d[i] = out[i];
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(a), "l"(b), "r"(1));
+    d[0] += 1.f;
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    for (int i = 0; i < 4; ++i) out[threadIdx.x * 4 + i] = d[i];
+}
+'''
+
+
+@pytest.mark.parametrize("source, code", [(_SETMAXNREG_WITHOUT_BOUNDS, "C7508"),
+                                          (_WGMMA_ACCUMULATOR_TOUCHED_IN_FLIGHT, "C7517")],
+                         ids=["setmaxnreg-ignored", "wgmma-wait-injected"])
+def test_ptxas_saying_a_hopper_kernel_lost_its_design_fails_the_compile(source, code):
+    with pytest.raises(CompileError, match=rf"loses its Hopper design:\n.*\({code}\)"):
+        compile_cubin(source, "sm_90a", "gate_case")
+
+
+def test_the_same_kernels_without_the_mistakes_compile():
+    # The gate is the warning, not the instructions: with launch bounds of one block per SM,
+    # setmaxnreg compiles clean.
+    fixed = _SETMAXNREG_WITHOUT_BOUNDS.replace("__global__ void k", "__global__ void __launch_bounds__(128, 1) k")
+    cubin, record = compile_cubin(fixed, "sm_90a", "gate_case")
+    assert cubin[:4] == b"\x7fELF" and record.entries

@@ -432,7 +432,7 @@ def test_a_family_keeps_its_config_axes_and_min_sm(tmp_path):
 
 def test_the_builtin_attention_family_groups_by_its_tile_shape():
     family = registry.current().family("attention_prefill")
-    assert family.config_axes == ("head_dim", "tile_m", "tile_n", "num_warps", "min_blocks_per_sm")
+    assert family.config_axes == ("mma", "head_dim", "tile_m", "tile_n", "num_warps", "min_blocks_per_sm")
     assert family.axis_values("dtype") == ["bf16", "fp16"]
 
 

@@ -436,6 +436,7 @@ VALID_VALUES = {
     "head_dim": [64, 80, 128, 256], "dtype": ["bf16", "fp16", "fp32"], "tile_m": [16, 64, 128],
     "tile_n": [32, 64], "num_warps": [1, 4, 8], "min_blocks_per_sm": [1, 2],
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": [1, 2, 4],
+    "mma": ["mma_sync", "wgmma"],
 }
 assert set(VALID_VALUES) == set(AXES)
 
@@ -708,9 +709,10 @@ def test_a_repeated_config_is_refused(tmp_path):
 
 #: Every value the schema admits for each axis, to build specs of any size up to the largest.
 ALL_VALUES = {
-    "head_dim": list(range(8, 513, 8)), "dtype": ["bf16", "fp16", "fp32"], "tile_m": [16, 32, 64, 128, 256],
-    "tile_n": [16, 32, 64, 128, 256], "num_warps": [1, 2, 4, 8, 16], "min_blocks_per_sm": list(range(1, 33)),
+    "head_dim": list(range(8, 513, 8)), "dtype": ["bf16", "fp16", "fp32"], "tile_m": list(range(16, 257, 16)),
+    "tile_n": list(range(16, 257, 16)), "num_warps": [1, 2, 4, 8, 12, 16], "min_blocks_per_sm": list(range(1, 33)),
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": list(range(1, 17)),
+    "mma": ["mma_sync", "wgmma"],
 }
 assert set(ALL_VALUES) == set(AXES)
 
@@ -766,7 +768,7 @@ def test_a_tiny_spec_with_millions_of_variants_is_refused_before_expanding(tmp_p
     axes = {n: ALL_VALUES[n] for n in ("head_dim", "min_blocks_per_sm", "rows_per_thread", "tile_m", "num_warps")}
     text = "family: huge\naxes:\n" + "".join(f"  {n}: {list(v)}\n" for n, v in axes.items())
     assert len(text) < 1000
-    with pytest.raises(SpecError, match=f"declares {64 * 32 * 16 * 5 * 5} variants") as info:
+    with pytest.raises(SpecError, match=f"declares {64 * 32 * 16 * 16 * 6} variants") as info:
         load_spec_file(write(tmp_path, text))
     assert info.value.line == 2
 
@@ -910,9 +912,9 @@ def axis_spec(tmp_path, axis: str, value) -> Path:
 @given(axis=st.sampled_from(["tile_m", "tile_n", "num_warps", "head_dim"]), value=st.integers(-64, 1100))
 def test_integer_axes_admit_only_values_a_kernel_could_use(tmp_path, axis, value):
     admitted = {
-        "tile_m": value in (16, 32, 64, 128, 256),
-        "tile_n": value in (16, 32, 64, 128, 256),
-        "num_warps": value in (1, 2, 4, 8, 16),
+        "tile_m": 16 <= value <= 256 and value % 16 == 0,
+        "tile_n": 16 <= value <= 256 and value % 16 == 0,
+        "num_warps": value in (1, 2, 4, 8, 12, 16),
         "head_dim": 8 <= value <= 512 and value % 8 == 0,
     }[axis]
     path = axis_spec(tmp_path, axis, value)

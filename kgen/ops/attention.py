@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kgen import registry, tma
+from kgen import arch, config, registry, tma
 from kgen.launch import KernelLauncher, current_device
 from kgen.ops._checks import check_tensor
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes, without_tail
-from kgen.registry import Variant
+from kgen.registry import UnsupportedVariantError, Variant
 from kgen.ops.attention_plan import TileSchedule, choose_schedule, plan_tiles, seqlens_from_cu, validate_window
 
 FAMILY = "attention_prefill"
@@ -80,32 +80,64 @@ class AttentionPlan:
         return self._placed[0]
 
 
-def _tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m: int | None) -> list[Variant]:
-    """The with-tail variant of each tile shape the spec offers for this call, in its order of preference."""
+#: The arch a plan made without any GPU chooses its kernel for: the one kgen's built-in specs target.
+PLANNING_SM_WITHOUT_GPU = 90
+
+
+def planning_sm(device: torch.device | str | int | None) -> int:
+    """The arch number a plan picks its kernel for: ``KGEN_ARCH``'s, else ``device``'s (else the current GPU's)."""
+    override = config.arch_override()
+    if override:
+        return arch.parse(override, "KGEN_ARCH").sm
+    if device is not None and torch.device(device).type == "cuda":
+        major, minor = torch.cuda.get_device_capability(torch.device(device))
+    elif device is None and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+    else:
+        return PLANNING_SM_WITHOUT_GPU
+    return major * 10 + minor
+
+
+def _tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m: int | None, sm: int,
+                     mma: str | None = None) -> list[Variant]:
+    """The with-tail variant of each tile shape the spec offers for this call on arch ``sm``, in its order of
+    preference: the tile shapes of the first kernel (``mma``) in the spec's order that the arch runs."""
     wanted = {"tail": tail} if tail is not None else {}
     if tile_m is not None:
         wanted["tile_m"] = tile_m
+    if mma is not None:
+        wanted["mma"] = mma
     family = registry.current().family(FAMILY)
-    # A tile shape is what the spec's configs set together (head dim, tiles, warps, occupancy).
-    return family.preferred(group_by=family.config_axes, head_dim=head_dim, dtype=DTYPE_NAMES[dtype],
-                            has_incomplete_tile=True, **wanted)
+    # A tile shape is what the spec's configs set together (kernel, head dim, tiles, warps, occupancy).
+    offered = family.preferred(group_by=family.config_axes, head_dim=head_dim, dtype=DTYPE_NAMES[dtype],
+                               has_incomplete_tile=True, **wanted)
+    runnable = [v for v in offered if v.supports_sm(sm)]
+    if not runnable:
+        raise UnsupportedVariantError(f"{FAMILY}: no variant for head_dim={head_dim}, dtype={DTYPE_NAMES[dtype]}"
+                                      f"{''.join(f', {k}={x}' for k, x in wanted.items())} runs on sm_{sm}: "
+                                      f"{offered[0].name} and the others {offered[0].arch_refusal(sm)}")
+    kernel = runnable[0].param_dict["mma"]
+    return [v for v in runnable if v.param_dict["mma"] == kernel]
 
 
 def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: torch.dtype = torch.bfloat16,
                           causal: bool = False, window: tuple[int, int] = (-1, -1),
                           device: torch.device | str | int | None = None, tail: str | None = None,
-                          tile_m: int | None = None) -> AttentionPlan:
+                          tile_m: int | None = None, mma: str | None = None) -> AttentionPlan:
     """Plan a batch on the host: tile shape and schedule (longest tiles first), maximum lengths, has_incomplete_tile.
 
     ``cu_seqlens_q`` / ``cu_seqlens_k`` are host data (lists or CPU tensors) of
-    length N+1. ``head_dim`` and ``dtype`` pick the spec's variants; among the tile
-    shapes it lists for them, the first is used unless it computes many more masked or
+    length N+1. ``head_dim`` and ``dtype`` pick the spec's variants, of the first kernel in
+    its order that the arch runs (``KGEN_ARCH``, else ``device``'s or the current GPU's; sm_90
+    without a GPU): wgmma on sm_90a, mma_sync elsewhere. Among the tile shapes it lists for
+    them, the first is used unless it computes many more masked or
     padded scores for this batch than another (see
-    :func:`kgen.ops.attention_plan.choose_schedule`); ``tile_m`` forces one height.
+    :func:`kgen.ops.attention_plan.choose_schedule`); ``tile_m`` forces one height, and ``mma``
+    (``"wgmma"`` or ``"mma_sync"``) one kernel, which must run on the arch.
     The work list is copied to ``device`` now if given, else to the device of the first
     call that uses the plan. ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's
-    default tail policy; either way a sequence's output never depends on the rows of
-    another sequence.
+    default tail policy (the wgmma kernel takes tails by TMA only, so ``"cp_async"`` runs
+    mma_sync); either way a sequence's output never depends on the rows of another sequence.
     """
     dtypes = spec_dtypes(FAMILY)
     if dtype not in dtypes:
@@ -115,7 +147,7 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     if len(seqlens_q) != len(seqlens_k):
         raise ValueError(f"cu_seqlens_k: expected {len(seqlens_q) + 1} entries like cu_seqlens_q, got {len(seqlens_k) + 1}")
     merged_window = validate_window(causal, window)
-    candidates = _tile_candidates(head_dim, dtype, tail, tile_m)
+    candidates = _tile_candidates(head_dim, dtype, tail, tile_m, planning_sm(device), mma)
     schedules = [plan_tiles(seqlens_q, seqlens_k, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"],
                             causal=causal, window=window) for v in candidates]
     chosen = choose_schedule(schedules)
@@ -297,6 +329,10 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
     if (plan.schedule.total_q, plan.schedule.total_k) != (total_q, total_k):
         raise ValueError(f"q, k: the plan covers {plan.schedule.total_q} query and {plan.schedule.total_k} key tokens; "
                          f"got {total_q} and {total_k}")
+    sm = planning_sm(q.device)
+    if not plan.variant.supports_sm(sm):
+        raise ValueError(f"plan: its kernel {plan.variant.name} cannot run on {q.device} (sm_{sm}): such variants "
+                         f"{plan.variant.arch_refusal(sm)}; plan with device={str(q.device)!r}")
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, plan.num_seqs)
     _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, plan.num_seqs)
     work = plan.work_on(q.device)

@@ -1,6 +1,6 @@
-// Warp-level tensor-core building blocks (sm_80+): ldmatrix, mma.sync m16n8k16
-// with fp32 accumulators, and packing to 16-bit pairs.
-// Included into rendered sources with Jinja, after common/numeric.cuh and common/smem.cuh; the raw block keeps
+// Warp-level tensor-core building blocks (sm_80+): ldmatrix, and mma.sync m16n8k16
+// with fp32 accumulators.
+// Included into rendered sources with Jinja, after common/smem.cuh; the raw block keeps
 // Jinja away from the asm operand lists, whose braces and percent signs look like its tags.
 {% raw %}
 
@@ -36,15 +36,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4],
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
-}
-
-// Two floats as one 32-bit pair of T (the low half is `lo`).
-template <class T>
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-    T pair[2] = {from_f32<T>(lo), from_f32<T>(hi)};
-    unsigned out;
-    memcpy(&out, pair, sizeof(out));
-    return out;
 }
 
 }  // namespace kgen

@@ -39,6 +39,15 @@ __device__ __forceinline__ void store_streaming(T* ptr, const Vec16<T>& value) {
     __stcs(reinterpret_cast<uint4*>(ptr), raw);
 }
 
+// Two floats as one 32-bit pair of T (the low half is `lo`).
+template <class T>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    T pair[2] = {from_f32<T>(lo), from_f32<T>(hi)};
+    unsigned out;
+    memcpy(&out, pair, sizeof(out));
+    return out;
+}
+
 constexpr float kLog2e = 1.4426950408889634f;
 // 2^x with one MUFU.EX2, flushing denormal results to zero: exp2f() adds a range
 // check and two rescaling multiplies per call to keep denormals, which a softmax

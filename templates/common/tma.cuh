@@ -24,6 +24,11 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned bar, unsigned
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
 }
 
+// One plain arrival (a consumer releasing a buffer).
+__device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+
 __device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
     asm volatile(
         "{\n"
@@ -47,6 +52,43 @@ __device__ __forceinline__ void tma_load_3d(unsigned smem, const TmaDescriptor* 
         :: "r"(smem), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
+
+// L2 policies for TMA loads: data read again soon by other CTAs (K and V of a head) stays;
+// data read once (a query tile) goes first.
+__device__ __forceinline__ unsigned long long l2_evict_last() {
+    unsigned long long policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+
+__device__ __forceinline__ unsigned long long l2_evict_first() {
+    unsigned long long policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+
+// tma_load_3d with an L2 policy from l2_evict_last / l2_evict_first.
+__device__ __forceinline__ void tma_load_3d(unsigned smem, const TmaDescriptor* map, int c0, int c1, int c2, unsigned bar,
+                                            unsigned long long policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
+        :: "r"(smem), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+        : "memory");
+}
+
+// A box of shared memory to a rank-3 tensor at (c0, c1, c2); rows past the tensor's end are
+// not written. Its reads of shared memory finish by tma_store_wait_read; a writer of that
+// shared memory must first fence_proxy_async_shared its own writes.
+__device__ __forceinline__ void tma_store_3d(const TmaDescriptor* map, unsigned smem, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(smem), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Until the committed stores have read their shared memory (it may be reused after).
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
 }  // namespace kgen
 {% endraw %}

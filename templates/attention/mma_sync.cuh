@@ -1,0 +1,259 @@
+// The mma.sync kernel (FlashAttention-2 style), for any arch the family runs on.
+//
+// One CTA computes one query tile (kTileM rows) of one sequence for one query head. Each
+// warp owns kRowBlocks blocks of 16 query rows: Q stays in shared memory for the whole
+// CTA, K/V tiles stream through shared memory, double-buffered one tile ahead, and
+// fragments are read with ldmatrix.
+
+static_assert(kWarps == 4 || kWarps == 8, "attention_prefill: with mma=mma_sync, num_warps must be 4 or 8");
+static_assert(kTileM == 64 || kTileM == 128, "attention_prefill: with mma=mma_sync, tile_m must be 64 or 128");
+static_assert(kTileN * kRowChunks % kThreads == 0,
+              "attention_prefill: tile_n rows of 16-byte chunks must split evenly over the threads");
+static_assert(kTileM % (16 * kWarps) == 0,
+              "attention_prefill: tile_m must be a multiple of 16 * num_warps (each warp owns whole 16-row blocks)");
+
+// Up to 128 columns per thread row block, Q's mma fragments are held for the
+// whole key loop; beyond, they would push the kernel into spills, so they are
+// re-read from shared memory at every key tile.
+constexpr bool kQInRegisters = kHeadDim * kRowBlocks <= 128;
+
+// Where one lane's ldmatrix reads. Every 16x16 block a warp reads has the lane's
+// row at the same residue mod 8, so the lane's swizzle is fixed, and the
+// position of chunk 2*step + chunk_low is (2*step) ^ (chunk_low ^ swizzle): one
+// XOR with a constant per read, rather than an address held per step.
+constexpr int kXorSpan = kSpanChunks / 2;  // steps per column block
+
+struct LdsmLane {
+    unsigned row_bytes;
+    unsigned xor_bytes;
+
+    __device__ LdsmLane(int row, int chunk_low) : row_bytes(row * kSpanBytes), xor_bytes((chunk_low ^ swizzle(row)) * 16) {}
+    // The lane's address for k-step `step` (16 columns) of the 16-row block at `block_row` of a kRows tile.
+    template <int kRows>
+    __device__ unsigned at(unsigned tile, int block_row, int step) const {
+        return tile + (step / kXorSpan) * (kRows * kSpanBytes) + block_row * kSpanBytes + row_bytes +
+               ((32 * (step % kXorSpan)) ^ xor_bytes);
+    }
+};
+
+// ---- Loads ----
+
+// kRows rows by predicated cp.async: rows past the sequence end read nothing
+// (source size 0) and become zeros, so a tail never reads the next sequence.
+template <int kRows>
+__device__ __forceinline__ void load_tile_cp_async(unsigned tile, const T* gmem, long long row_stride, int valid_rows) {
+    static_assert(kRows * kRowChunks % kThreads == 0,
+                  "attention_prefill: with tail=cp_async, tile_m and tile_n rows of 16-byte chunks must split evenly over the threads");
+#pragma unroll
+    for (int i = 0; i < kRows * kRowChunks / kThreads; ++i) {
+        const int idx = i * kThreads + threadIdx.x;
+        const int row = idx / kRowChunks, chunk = idx % kRowChunks;
+        const bool valid = row < valid_rows;
+        kgen::cp_async_16_zfill(tile + chunk_offset<kRows>(row, chunk), valid ? gmem + row * row_stride + chunk * 8 : gmem, valid);
+    }
+}
+
+// ---- One warp's rows: scores and P V ----
+
+using QFragments = unsigned[kQInRegisters ? kRowBlocks : 1][kQInRegisters ? kHeadDim / 16 : 1][4];
+
+// S = Q K^T for this warp's rows and kTileN keys; each K fragment serves every row block.
+__device__ __forceinline__ void compute_scores(Scores& s, const QFragments& q_frag, unsigned s_q, unsigned k_tile,
+                                               const LdsmLane& q_lane, const LdsmLane& k_lane) {
+#pragma unroll
+    for (int rb = 0; rb < kRowBlocks; ++rb)
+#pragma unroll
+        for (int nb = 0; nb < kTileN / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[rb][nb][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        unsigned q_reread_raw[kQInRegisters ? 1 : kRowBlocks][4];
+        const auto& q_reread = q_reread_raw;  // const like q_frag, so either can be the A operand
+        if constexpr (!kQInRegisters) {
+#pragma unroll
+            for (int rb = 0; rb < kRowBlocks; ++rb) kgen::ldmatrix_x4(q_reread_raw[rb], q_lane.at<kTileM>(s_q, rb * 16, kk));
+        }
+#pragma unroll
+        for (int nb = 0; nb < kTileN / 16; ++nb) {
+            unsigned b[4];
+            kgen::ldmatrix_x4(b, k_lane.at<kTileN>(k_tile, nb * 16, kk));
+#pragma unroll
+            for (int rb = 0; rb < kRowBlocks; ++rb) {
+                const unsigned (&a)[4] = kQInRegisters ? q_frag[kQInRegisters ? rb : 0][kk] : q_reread[kQInRegisters ? 0 : rb];
+                kgen::mma_16816<T>(s[rb][2 * nb], a, b[0], b[1]);
+                kgen::mma_16816<T>(s[rb][2 * nb + 1], a, b[2], b[3]);
+            }
+        }
+    }
+}
+
+// O += P V; each V fragment serves every row block.
+__device__ __forceinline__ void accumulate_pv(RowState& state, const Scores& s, unsigned v_tile, const LdsmLane& v_lane) {
+    Probabilities p;
+    pack_probabilities(s, p);
+#pragma unroll
+    for (int kb = 0; kb < kTileN / 16; ++kb) {
+#pragma unroll
+        for (int db = 0; db < kHeadDim / 16; ++db) {
+            unsigned b[4];
+            kgen::ldmatrix_x4_trans(b, v_lane.at<kTileN>(v_tile, kb * 16, db));
+#pragma unroll
+            for (int rb = 0; rb < kRowBlocks; ++rb) {
+                kgen::mma_16816<T>(state.o[rb][2 * db], p[rb][kb], b[0], b[1]);
+                kgen::mma_16816<T>(state.o[rb][2 * db + 1], p[rb][kb], b[2], b[3]);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, {{ min_blocks_per_sm }})
+attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __grid_constant__ kgen::TmaDescriptor map_k,
+                  const __grid_constant__ kgen::TmaDescriptor map_v, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                  T* __restrict__ out, float* __restrict__ lse,
+                  const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
+                  const int* __restrict__ work, const float* __restrict__ sink,
+                  long long heads_per_kv,
+                  long long q_stride_t, long long q_stride_h, long long k_stride_t, long long k_stride_h,
+                  long long v_stride_t, long long v_stride_h, long long o_stride_t, long long o_stride_h,
+                  long long lse_stride_h, float scale_log2, long long window_left_, long long window_right_) {
+    // The host adds kSwizzleAlignment bytes of slack so the tiles can start on a swizzle boundary.
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned s_q = (kgen::smem_addr(smem_raw) + (kSwizzleAlignment - 1)) & ~(kSwizzleAlignment - 1u);
+    const unsigned s_k = s_q + kQBytes;                   // two buffers
+    const unsigned s_v = s_k + 2 * kKVTileBytes;          // two buffers
+    const unsigned kv_bar = s_q + kBarrierOffset;         // one mbarrier per K/V buffer
+    const unsigned q_bar = kv_bar + 16;
+    if (threadIdx.x == 0) {
+        kgen::mbarrier_init(kv_bar, 1);
+        kgen::mbarrier_init(kv_bar + 8, 1);
+        kgen::mbarrier_init(q_bar, 1);
+        kgen::mbarrier_init_fence();
+    }
+    __syncthreads();
+
+    const int seq = work[2 * blockIdx.x], q_tile = work[2 * blockIdx.x + 1];
+    const int head = blockIdx.y;
+    const int kv_head = head / static_cast<int>(heads_per_kv);
+    const int q_start = cu_seqlens_q[seq], lq = cu_seqlens_q[seq + 1] - q_start;
+    const int k_start = cu_seqlens_k[seq], lk = cu_seqlens_k[seq + 1] - k_start;
+    const Mask mask{lk, lk - lq, static_cast<int>(window_left_), static_cast<int>(window_right_)};
+    const int row0 = q_tile * kTileM;
+    const int row_last = min(row0 + kTileM, lq) - 1;
+
+    // Key tiles holding at least one key some row of this tile may attend.
+    int n_begin = 0, n_end = (lk + kTileN - 1) / kTileN;
+    if (mask.window_left >= 0) n_begin = max(0, row0 + mask.offset - mask.window_left) / kTileN;
+    if (mask.window_right >= 0) {
+        const int last_key = row_last + mask.offset + mask.window_right;
+        n_end = min(n_end, last_key < 0 ? 0 : last_key / kTileN + 1);
+    }
+
+    // Which tiles TMA loads: full ones, or all of them unless incomplete ones take cp.async.
+    auto by_tma = [&](int first_row, int rows, int length) { return !kCpAsyncTail || first_row + rows <= length; };
+    auto load_kv = [&](int n, int buf) {
+        const unsigned bar = kv_bar + 8 * buf;
+        if (by_tma(n * kTileN, kTileN, lk)) {
+            if (threadIdx.x == 0) {
+                // The barrier before this call ordered every warp's reads of the buffer; this
+                // orders them before the TMA unit's writes.
+                kgen::fence_proxy_async_shared();
+                kgen::mbarrier_arrive_expect_tx(bar, 2 * kKVTileBytes);
+                load_tile_tma<kTileN>(s_k + buf * kKVTileBytes, map_k, k_start + n * kTileN, kv_head, bar);
+                load_tile_tma<kTileN>(s_v + buf * kKVTileBytes, map_v, k_start + n * kTileN, kv_head, bar);
+            }
+        } else if constexpr (kCpAsyncTail) {
+            const long long key0 = static_cast<long long>(k_start) + n * kTileN;
+            load_tile_cp_async<kTileN>(s_k + buf * kKVTileBytes, k + key0 * k_stride_t + kv_head * k_stride_h,
+                                       k_stride_t, lk - n * kTileN);
+            load_tile_cp_async<kTileN>(s_v + buf * kKVTileBytes, v + key0 * v_stride_t + kv_head * v_stride_h,
+                                       v_stride_t, lk - n * kTileN);
+        }
+        if constexpr (kCpAsyncTail) kgen::cp_async_commit();
+    };
+    const bool q_by_tma = by_tma(row0, kTileM, lq);
+    if (q_by_tma) {
+        if (threadIdx.x == 0) {
+            kgen::mbarrier_arrive_expect_tx(q_bar, kQBytes);
+            load_tile_tma<kTileM>(s_q, map_q, q_start + row0, head, q_bar);
+        }
+    } else if constexpr (kCpAsyncTail) {
+        load_tile_cp_async<kTileM>(s_q, q + static_cast<long long>(q_start + row0) * q_stride_t + head * q_stride_h,
+                                   q_stride_t, lq - row0);
+        kgen::cp_async_commit();
+    }
+    if (n_begin < n_end) load_kv(n_begin, 0);
+    // Q is needed by every key tile; a CTA with none still waits, so no copy outlives it.
+    if (q_by_tma) kgen::mbarrier_wait(q_bar, 0);
+    unsigned kv_phase = 0;  // bit b: the parity to wait for on buffer b's mbarrier
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int quad_row = lane / 4, quad_col = lane % 4;
+    // This thread's rows: for row block rb, warp_row0 + 16 rb + quad_row and 8 below it
+    // (thread row i = 2 rb + half).
+    const int warp_row0 = row0 + warp * 16 * kRowBlocks;
+    auto row_of = [&](int i) { return warp_row0 + (i / 2) * 16 + (i % 2) * 8 + quad_row; };
+    // ldmatrix lanes: Q as the A operand, K as B, V as B transposed (see the mma fragment layouts).
+    const LdsmLane q_lane(warp * 16 * kRowBlocks + lane % 16, lane / 16);
+    const LdsmLane k_lane((lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+    const LdsmLane v_lane(((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+
+    QFragments q_frag;
+    RowState state;
+#pragma unroll
+    for (int rb = 0; rb < kRowBlocks; ++rb)
+#pragma unroll
+        for (int db = 0; db < kHeadDim / 8; ++db)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) state.o[rb][db][e] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 2 * kRowBlocks; ++i) state.max[i] = -kgen::inf(), state.sum[i] = 0.f;
+
+    for (int n = n_begin; n < n_end; ++n) {
+        const int buf = (n - n_begin) & 1;
+        const int key0 = n * kTileN;
+        const unsigned k_tile = s_k + buf * kKVTileBytes;
+        const unsigned v_tile = s_v + buf * kKVTileBytes;
+        // Tile n has landed for every thread, and every warp is done with tile n-1,
+        // so one barrier both publishes tile n and frees the other buffer.
+        if (by_tma(key0, kTileN, lk)) {
+            kgen::mbarrier_wait(kv_bar + 8 * buf, (kv_phase >> buf) & 1);
+            kv_phase ^= 1u << buf;
+        }
+        if constexpr (kTmaTail) {
+            // K's rows past the end need no clearing: their scores are masked by a select.
+            if (key0 + kTileN > lk) clear_rows_past<kTileN, kThreads>(smem_raw + (v_tile - kgen::smem_addr(smem_raw)), lk - key0, threadIdx.x);
+        }
+        if constexpr (kCpAsyncTail) kgen::cp_async_wait<0>();
+        __syncthreads();
+        if (n + 1 < n_end) load_kv(n + 1, buf ^ 1);
+        if constexpr (kQInRegisters) {
+            if (n == n_begin) {
+#pragma unroll
+                for (int rb = 0; rb < kRowBlocks; ++rb)
+#pragma unroll
+                    for (int kk = 0; kk < kHeadDim / 16; ++kk) kgen::ldmatrix_x4(q_frag[rb][kk], q_lane.at<kTileM>(s_q, rb * 16, kk));
+            }
+        }
+
+        Scores s;
+        compute_scores(s, q_frag, s_q, k_tile, q_lane, k_lane);
+        // Mask only tiles that cross a boundary: the sequence end, or the window's edges.
+        const bool crosses_end = kHasTail && key0 + kTileN > lk;
+        const bool crosses_left = mask.window_left >= 0 && key0 < row_last + mask.offset - mask.window_left;
+        const bool crosses_right = mask.window_right >= 0 && key0 + kTileN - 1 > row0 + mask.offset + mask.window_right;
+        if (crosses_end || crosses_left || crosses_right) mask_scores(s, mask, key0, warp_row0 + quad_row, quad_col);
+        RowFactors correction;
+        softmax_update(s, state, scale_log2, correction);
+        rescale_output(state, correction);
+        accumulate_pv(state, s, v_tile, v_lane);
+    }
+    if constexpr (kCpAsyncTail) kgen::cp_async_wait<0>();
+
+    const float sink_log2 = sink != nullptr ? sink[head] * kgen::kLog2e : -kgen::inf();
+    write_output(state, out + static_cast<long long>(q_start) * o_stride_t + head * o_stride_h,
+                 lse + head * lse_stride_h + q_start, o_stride_t, lq, sink_log2, quad_col, row_of);
+}
+

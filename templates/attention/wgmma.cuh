@@ -1,0 +1,225 @@
+// The wgmma kernel (FlashAttention-3 style), for sm_90a.
+//
+// Warp roles: warpgroup 0 is the producer, in which one thread issues every TMA load;
+// warpgroups 1.. are consumers, each owning 64 query rows (16 a warp). K and V stream
+// through separate two-stage pipelines, each stage with a full mbarrier (TMA's bytes
+// landed) and an empty one (every consumer warp is done reading). S = Q K^T reads both
+// operands from shared memory; P stays in registers and is the A operand of O += P V.
+// Each consumer issues S of key tile j before it waits for P V of tile j - 1, so the
+// softmax of tile j runs while the tensor cores add tile j - 1.
+
+static_assert(kTileM == 64 || kTileM == 128 || kTileM == 192,
+              "attention_prefill: with mma=wgmma, tile_m must be 64, 128 or 192 (one consumer warpgroup per 64 rows)");
+static_assert(kWarps == kTileM / 16,
+              "attention_prefill: with mma=wgmma, num_warps counts the consumer warps and must be tile_m / 16");
+static_assert({{ min_blocks_per_sm }} == 1,
+              "attention_prefill: with mma=wgmma, min_blocks_per_sm must be 1 (setmaxnreg needs one block per SM)");
+static_assert(kSpanBytes == 128,
+              "attention_prefill: with mma=wgmma, head_dim must be a multiple of 64 (whole 128-byte swizzle panels)");
+static_assert(!kCpAsyncTail, "attention_prefill: with mma=wgmma, tail must be tma");
+
+// Registers per thread after the split: the producer needs few, the consumers hold S, P and O.
+constexpr int kProducerRegisters = kConsumerGroups == 3 ? 32 : 24;
+constexpr int kConsumerRegisters = kConsumerGroups == 3 ? 160 : 240;
+static_assert(kgen::kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * kConsumerRegisters) <= 65536,
+              "the register budgets exceed the register file");
+constexpr int kConsumerWarps = kConsumerThreads / 32;
+constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads')
+constexpr int kStepsPerPanel = kSpanBytes / 32;  // k16 steps of Q K^T inside one 128-byte panel
+
+// The pipelines' mbarriers, 8 bytes each in the barrier area.
+struct Barriers {
+    unsigned base;
+    __device__ unsigned k_full(int stage) const { return base + 8 * stage; }
+    __device__ unsigned k_empty(int stage) const { return base + 16 + 8 * stage; }
+    __device__ unsigned v_full(int stage) const { return base + 32 + 8 * stage; }
+    __device__ unsigned v_empty(int stage) const { return base + 48 + 8 * stage; }
+    __device__ unsigned q_full() const { return base + 64; }
+};
+
+// Key tile i of a CTA's run lives in stage i % 2, and its phases alternate every two tiles.
+__device__ __forceinline__ int stage_of(int i) { return i & 1; }
+__device__ __forceinline__ unsigned parity_of(int i) { return (i >> 1) & 1; }
+
+// A consumer warp is done with a buffer: one arrival per warp, after its wgmma wait.
+__device__ __forceinline__ void release(unsigned bar, int lane) {
+    if (lane == 0) kgen::mbarrier_arrive(bar);
+}
+
+// S = Q K^T of this warpgroup's 64 rows and one key tile, issued and committed, not waited for.
+__device__ __forceinline__ void issue_scores(Scores& s, unsigned q_rows, unsigned k_tile) {
+    kgen::fence_operands(s[0]);
+    kgen::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const int panel = kk / kStepsPerPanel, step = kk % kStepsPerPanel;
+        const unsigned long long a = kgen::k_major_descriptor(q_rows + panel * kQBytes / kSpans + step * 32);
+        const unsigned long long b = kgen::k_major_descriptor(k_tile + panel * kKVTileBytes / kSpans + step * 32);
+        kgen::wgmma_ss<kTileN, 0>(s[0], a, b, kk > 0);
+    }
+    kgen::wgmma_commit();
+    kgen::fence_operands(s[0]);
+}
+
+// O += P V for one key tile, issued and committed, not waited for.
+__device__ __forceinline__ void issue_pv(RowState& state, Probabilities& p, unsigned v_tile) {
+    kgen::fence_operands(state.o[0]);
+    kgen::fence_operands(p[0]);
+    kgen::wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < kTileN / 16; ++kb) {
+        // 16 keys are 16 rows of every panel; the panels (64 head-dim columns each) are kKVTileBytes / kSpans apart.
+        const unsigned long long b = kgen::mn_major_descriptor(v_tile + kb * 16 * kSpanBytes, kKVTileBytes / kSpans);
+        kgen::wgmma_rs<kHeadDim, 1>(state.o[0], p[0][kb], b, true);
+    }
+    kgen::wgmma_commit();
+    kgen::fence_operands(state.o[0]);
+    kgen::fence_operands(p[0]);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __grid_constant__ kgen::TmaDescriptor map_k,
+                  const __grid_constant__ kgen::TmaDescriptor map_v, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                  T* __restrict__ out, float* __restrict__ lse,
+                  const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
+                  const int* __restrict__ work, const float* __restrict__ sink,
+                  long long heads_per_kv,
+                  long long q_stride_t, long long q_stride_h, long long k_stride_t, long long k_stride_h,
+                  long long v_stride_t, long long v_stride_h, long long o_stride_t, long long o_stride_h,
+                  long long lse_stride_h, float scale_log2, long long window_left_, long long window_right_) {
+    // The host adds kSwizzleAlignment bytes of slack so the tiles can start on a swizzle boundary.
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned s_q = (kgen::smem_addr(smem_raw) + (kSwizzleAlignment - 1)) & ~(kSwizzleAlignment - 1u);
+    const unsigned s_k = s_q + kQBytes;           // two stages
+    const unsigned s_v = s_k + 2 * kKVTileBytes;  // two stages
+    const Barriers bars{s_q + kBarrierOffset};
+    if (threadIdx.x == 0) {
+        for (int stage = 0; stage < 2; ++stage) {
+            kgen::mbarrier_init(bars.k_full(stage), 1);
+            kgen::mbarrier_init(bars.v_full(stage), 1);
+            kgen::mbarrier_init(bars.k_empty(stage), kConsumerWarps);
+            kgen::mbarrier_init(bars.v_empty(stage), kConsumerWarps);
+        }
+        kgen::mbarrier_init(bars.q_full(), 1);
+        kgen::mbarrier_init_fence();
+    }
+    __syncthreads();
+
+    const int seq = work[2 * blockIdx.x], q_tile = work[2 * blockIdx.x + 1];
+    const int head = blockIdx.y;
+    const int kv_head = head / static_cast<int>(heads_per_kv);
+    const int q_start = cu_seqlens_q[seq], lq = cu_seqlens_q[seq + 1] - q_start;
+    const int k_start = cu_seqlens_k[seq], lk = cu_seqlens_k[seq + 1] - k_start;
+    const Mask mask{lk, lk - lq, static_cast<int>(window_left_), static_cast<int>(window_right_)};
+    const int row0 = q_tile * kTileM;
+    const int row_last = min(row0 + kTileM, lq) - 1;
+
+    // Key tiles holding at least one key some row of this tile may attend.
+    int n_begin = 0, n_end = (lk + kTileN - 1) / kTileN;
+    if (mask.window_left >= 0) n_begin = max(0, row0 + mask.offset - mask.window_left) / kTileN;
+    if (mask.window_right >= 0) {
+        const int last_key = row_last + mask.offset + mask.window_right;
+        n_end = min(n_end, last_key < 0 ? 0 : last_key / kTileN + 1);
+    }
+    const int num_tiles = max(n_end - n_begin, 0);
+    const int warp = kgen::warp_index(), lane = threadIdx.x % 32;
+
+    if (warp < 4) {
+        // ---- Producer: one thread loads Q once and K/V tile by tile, as the consumers free stages. ----
+        kgen::release_registers<kProducerRegisters>();
+        if (threadIdx.x == 0 && num_tiles > 0) {
+            const unsigned long long read_once = kgen::l2_evict_first(), read_again = kgen::l2_evict_last();
+            kgen::mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
+            load_tile_tma<kTileM>(s_q, map_q, q_start + row0, head, bars.q_full(), read_once);
+            for (int i = 0; i < num_tiles; ++i) {
+                const int stage = stage_of(i), first_key = k_start + (n_begin + i) * kTileN;
+                // A fresh barrier's previous phase counts as complete, so the first pass does not wait.
+                kgen::mbarrier_wait(bars.k_empty(stage), parity_of(i) ^ 1);
+                kgen::mbarrier_arrive_expect_tx(bars.k_full(stage), kKVTileBytes);
+                load_tile_tma<kTileN>(s_k + stage * kKVTileBytes, map_k, first_key, kv_head, bars.k_full(stage), read_again);
+                kgen::mbarrier_wait(bars.v_empty(stage), parity_of(i) ^ 1);
+                kgen::mbarrier_arrive_expect_tx(bars.v_full(stage), kKVTileBytes);
+                load_tile_tma<kTileN>(s_v + stage * kKVTileBytes, map_v, first_key, kv_head, bars.v_full(stage), read_again);
+            }
+        }
+        return;
+    }
+
+    // ---- Consumers ----
+    kgen::claim_registers<kConsumerRegisters>();
+    const int consumer_thread = threadIdx.x - kgen::kWarpgroupThreads;
+    const int group = consumer_thread / kgen::kWarpgroupThreads;
+    const int quad_row = lane / 4, quad_col = lane % 4;
+    // This thread's rows: thread_row0 and 8 below it (wgmma's accumulator layout).
+    const int thread_row0 = row0 + 64 * group + 16 * ((consumer_thread / 32) % 4) + quad_row;
+    auto row_of = [&](int i) { return thread_row0 + 8 * i; };
+    const unsigned q_rows = s_q + 64 * group * kSpanBytes;  // the group's rows of the first panel
+
+    RowState state;
+#pragma unroll
+    for (int db = 0; db < kHeadDim / 8; ++db)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) state.o[0][db][e] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) state.max[i] = -kgen::inf(), state.sum[i] = 0.f;
+
+    // Mask only tiles that cross a boundary: the sequence end, or the window's edges.
+    auto mask_if_crossing = [&](Scores& s, int key0) {
+        const bool crosses_end = kHasTail && key0 + kTileN > lk;
+        const bool crosses_left = mask.window_left >= 0 && key0 < row_last + mask.offset - mask.window_left;
+        const bool crosses_right = mask.window_right >= 0 && key0 + kTileN - 1 > row0 + mask.offset + mask.window_right;
+        if (crosses_end || crosses_left || crosses_right) mask_scores(s, mask, key0, thread_row0, quad_col);
+    };
+
+    if (num_tiles > 0) {
+        Scores s;
+        Probabilities p;
+        RowFactors correction;
+        kgen::mbarrier_wait(bars.q_full(), 0);
+        kgen::mbarrier_wait(bars.k_full(0), 0);
+        issue_scores(s, q_rows, s_k);
+        kgen::wgmma_wait<0>();
+        kgen::fence_operands(s[0]);
+        release(bars.k_empty(0), lane);
+        mask_if_crossing(s, n_begin * kTileN);
+        softmax_update(s, state, scale_log2, correction);  // O is still 0: no rescale
+        pack_probabilities(s, p);
+        for (int i = 1; i < num_tiles; ++i) {
+            const int stage = stage_of(i), previous = stage_of(i - 1);
+            kgen::mbarrier_wait(bars.k_full(stage), parity_of(i));
+            issue_scores(s, q_rows, s_k + stage * kKVTileBytes);
+            kgen::mbarrier_wait(bars.v_full(previous), parity_of(i - 1));
+            issue_pv(state, p, s_v + previous * kKVTileBytes);
+            kgen::wgmma_wait<1>();  // S of tile i has landed; P V of tile i - 1 may still run
+            kgen::fence_operands(s[0]);
+            release(bars.k_empty(stage), lane);
+            mask_if_crossing(s, (n_begin + i) * kTileN);
+            softmax_update(s, state, scale_log2, correction);
+            kgen::wgmma_wait<0>();
+            kgen::fence_operands(state.o[0]);
+            release(bars.v_empty(previous), lane);
+            rescale_output(state, correction);
+            pack_probabilities(s, p);
+        }
+        const int last = num_tiles - 1, last_key0 = (n_begin + last) * kTileN;
+        kgen::mbarrier_wait(bars.v_full(stage_of(last)), parity_of(last));
+        if constexpr (kTmaTail) {
+            // Only a sequence's last key tile can be incomplete, and it is the run's last.
+            if (last_key0 + kTileN > lk) {
+                clear_rows_past<kTileN, kConsumerThreads>(smem_raw + (s_v + stage_of(last) * kKVTileBytes - kgen::smem_addr(smem_raw)),
+                                                          lk - last_key0, consumer_thread);
+                kgen::fence_proxy_async_shared();  // wgmma reads through the async proxy
+                kgen::named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+            }
+        }
+        issue_pv(state, p, s_v + stage_of(last) * kKVTileBytes);
+        kgen::wgmma_wait<0>();
+        kgen::fence_operands(state.o[0]);
+    }
+
+    const float sink_log2 = sink != nullptr ? sink[head] * kgen::kLog2e : -kgen::inf();
+    write_output(state, out + static_cast<long long>(q_start) * o_stride_t + head * o_stride_h,
+                 lse + head * lse_stride_h + q_start, o_stride_t, lq, sink_log2, quad_col, row_of);
+}
