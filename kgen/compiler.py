@@ -13,6 +13,7 @@ import importlib.metadata
 import io
 import re
 import struct
+import contextlib
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -235,10 +236,45 @@ def _quote_errors(source: str, nvrtc_log: str, context: int = 2) -> str:
     return "\n".join(shown)
 
 
+class _AloneOrTogether:
+    """Compiles run together (shared), or one alone (exclusive): no other compile runs meanwhile."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._running = 0
+        self._alone = False
+
+    @contextlib.contextmanager
+    def together(self):
+        with self._condition:
+            self._condition.wait_for(lambda: not self._alone)
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._running -= 1
+                self._condition.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self):
+        with self._condition:
+            self._condition.wait_for(lambda: not self._alone)
+            self._alone = True
+            self._condition.wait_for(lambda: self._running == 0)
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._alone = False
+                self._condition.notify_all()
+
+
 # Seen on the 16-core GPU machine: with many compiles in parallel threads, NVRTC's log for some
-# came back without ptxas' resource report, which would hide spills from the build gate. A
-# compile whose report misses an entry of its cubin is redone alone, holding this lock.
-_REPORT_RETRY_LOCK = threading.Lock()
+# came back without ptxas' resource report (even on a retry while others still ran), which would
+# hide spills from the build gate. A compile whose report misses an entry of its cubin is redone
+# with no other compile running.
+_COMPILES = _AloneOrTogether()
 
 
 def compile_cubin(source: str, arch: str, variant_name: str) -> tuple[bytes, BuildRecord]:
@@ -246,9 +282,10 @@ def compile_cubin(source: str, arch: str, variant_name: str) -> tuple[bytes, Bui
 
     The record's ptxas report covers every kernel of the cubin, or this raises.
     """
-    cubin, record = _compile_once(source, arch, variant_name)
+    with _COMPILES.together():
+        cubin, record = _compile_once(source, arch, variant_name)
     if not cubin_kernels(cubin) <= set(record.entries):
-        with _REPORT_RETRY_LOCK:
+        with _COMPILES.alone():
             cubin, record = _compile_once(source, arch, variant_name)
         missing = sorted(cubin_kernels(cubin) - set(record.entries))
         if missing:

@@ -10,11 +10,14 @@ import functools
 import os
 import re
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import kgen.arch
+from kgen import compiler
 import kgen.config
 import kgen.jit
 import kgen.registry
@@ -432,6 +435,33 @@ def test_a_resource_report_missing_an_entry_is_compiled_again_alone(monkeypatch)
     monkeypatch.setattr(compiler, "parse_ptxas_log", lambda log: {})
     with pytest.raises(CompileError, match="ptxas reported no resources for only"):
         compile_cubin(source, "sm_90a", "never")
+
+
+def test_a_retried_compile_runs_with_no_other_compile_in_flight():
+    gate = compiler._AloneOrTogether()
+    events, started, release = [], threading.Event(), threading.Event()
+
+    def other():
+        with gate.together():
+            events.append("other starts")
+            started.set()
+            release.wait(5)
+            events.append("other ends")
+
+    def retry():
+        with gate.alone():
+            events.append("retry")
+
+    threads = [threading.Thread(target=other), threading.Thread(target=retry)]
+    threads[0].start()
+    assert started.wait(5)
+    threads[1].start()
+    time.sleep(0.2)
+    assert events == ["other starts"]
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert events == ["other starts", "other ends", "retry"]
 
 
 # --------------------------------------------------------------------------- Hopper build gates

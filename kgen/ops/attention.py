@@ -99,12 +99,14 @@ def planning_sm(device: torch.device | str | int | None) -> int:
 
 
 def _tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m: int | None, sm: int,
-                     mma: str | None = None) -> list[Variant]:
+                     mma: str | None = None, tile_n: int | None = None) -> list[Variant]:
     """The with-tail variant of each tile shape the spec offers for this call on arch ``sm``, in its order of
     preference: the tile shapes of the first kernel (``mma``) in the spec's order that the arch runs."""
     wanted = {"tail": tail} if tail is not None else {}
     if tile_m is not None:
         wanted["tile_m"] = tile_m
+    if tile_n is not None:
+        wanted["tile_n"] = tile_n
     if mma is not None:
         wanted["mma"] = mma
     family = registry.current().family(FAMILY)
@@ -123,7 +125,8 @@ def _tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m
 def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: torch.dtype = torch.bfloat16,
                           causal: bool = False, window: tuple[int, int] = (-1, -1),
                           device: torch.device | str | int | None = None, tail: str | None = None,
-                          tile_m: int | None = None, mma: str | None = None) -> AttentionPlan:
+                          tile_m: int | None = None, tile_n: int | None = None, mma: str | None = None
+                          ) -> AttentionPlan:
     """Plan a batch on the host: tile shape and schedule (longest tiles first), maximum lengths, has_incomplete_tile.
 
     ``cu_seqlens_q`` / ``cu_seqlens_k`` are host data (lists or CPU tensors) of
@@ -132,7 +135,7 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     without a GPU): wgmma on sm_90a, mma_sync elsewhere. Among the tile shapes it lists for
     them, the first is used unless it computes many more masked or
     padded scores for this batch than another (see
-    :func:`kgen.ops.attention_plan.choose_schedule`); ``tile_m`` forces one height, and ``mma``
+    :func:`kgen.ops.attention_plan.choose_schedule`); ``tile_m`` and ``tile_n`` force a tile size, and ``mma``
     (``"wgmma"`` or ``"mma_sync"``) one kernel, which must run on the arch.
     The work list is copied to ``device`` now if given, else to the device of the first
     call that uses the plan. ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's
@@ -147,7 +150,7 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     if len(seqlens_q) != len(seqlens_k):
         raise ValueError(f"cu_seqlens_k: expected {len(seqlens_q) + 1} entries like cu_seqlens_q, got {len(seqlens_k) + 1}")
     merged_window = validate_window(causal, window)
-    candidates = _tile_candidates(head_dim, dtype, tail, tile_m, planning_sm(device), mma)
+    candidates = _tile_candidates(head_dim, dtype, tail, tile_m, planning_sm(device), mma, tile_n)
     schedules = [plan_tiles(seqlens_q, seqlens_k, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"],
                             causal=causal, window=window) for v in candidates]
     chosen = choose_schedule(schedules)

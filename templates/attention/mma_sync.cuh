@@ -7,6 +7,7 @@
 
 static_assert(kWarps == 4 || kWarps == 8, "attention_prefill: with mma=mma_sync, num_warps must be 4 or 8");
 static_assert(kTileM == 64 || kTileM == 128, "attention_prefill: with mma=mma_sync, tile_m must be 64 or 128");
+static_assert(kTileN == 32 || kTileN == 64 || kTileN == 128, "attention_prefill: with mma=mma_sync, tile_n must be 32, 64 or 128");
 static_assert(kTileN * kRowChunks % kThreads == 0,
               "attention_prefill: tile_n rows of 16-byte chunks must split evenly over the threads");
 static_assert(kTileM % (16 * kWarps) == 0,

@@ -10,6 +10,8 @@
 
 static_assert(kTileM == 64 || kTileM == 128 || kTileM == 192,
               "attention_prefill: with mma=wgmma, tile_m must be 64, 128 or 192 (one consumer warpgroup per 64 rows)");
+static_assert(kTileN % 16 == 0 && kTileN <= 256,
+              "attention_prefill: with mma=wgmma, tile_n must be a multiple of 16 up to 256 (whole k16 steps of P V)");
 static_assert(kWarps == kTileM / 16,
               "attention_prefill: with mma=wgmma, num_warps counts the consumer warps and must be tile_m / 16");
 static_assert({{ min_blocks_per_sm }} == 1,
@@ -25,6 +27,12 @@ static_assert(kgen::kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * 
               "the register budgets exceed the register file");
 constexpr int kConsumerWarps = kConsumerThreads / 32;
 constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads')
+// Pingpong (two consumer warpgroups, head dims up to 128, as FlashAttention-3): the groups
+// take turns on the tensor cores, so one computes its softmax while the other's products
+// run. Group g waits on named barrier kTurnBarrier + g before issuing, and hands the turn
+// over by arriving on the other's after.
+constexpr bool kPingpong = kConsumerGroups == 2 && kHeadDim <= 128;
+constexpr int kTurnBarrier = 2;  // ids 2 and 3
 constexpr int kStepsPerPanel = kSpanBytes / 32;  // k16 steps of Q K^T inside one 128-byte panel
 
 // The pipelines' mbarriers, 8 bytes each in the barrier area.
@@ -44,6 +52,15 @@ __device__ __forceinline__ unsigned parity_of(int i) { return (i >> 1) & 1; }
 // A consumer warp is done with a buffer: one arrival per warp, after its wgmma wait.
 __device__ __forceinline__ void release(unsigned bar, int lane) {
     if (lane == 0) kgen::mbarrier_arrive(bar);
+}
+
+// This group's turn to issue products (pingpong), and its hand-over to the other group.
+__device__ __forceinline__ void take_turn(int group) {
+    if constexpr (kPingpong) kgen::named_barrier_sync(kTurnBarrier + group, kConsumerThreads);
+}
+
+__device__ __forceinline__ void pass_turn(int group) {
+    if constexpr (kPingpong) kgen::named_barrier_arrive(kTurnBarrier + (group ^ 1), kConsumerThreads);
 }
 
 // S = Q K^T of this warpgroup's 64 rows and one key tile, issued and committed, not waited for.
@@ -177,9 +194,14 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
         Scores s;
         Probabilities p;
         RowFactors correction;
+        // Every turn taken is handed over: group 1 hands group 0 its first, and group 0 takes
+        // one more turn at the end, the hand-over of group 1's last.
+        if (group == 1) pass_turn(group);
         kgen::mbarrier_wait(bars.q_full(), 0);
         kgen::mbarrier_wait(bars.k_full(0), 0);
+        take_turn(group);
         issue_scores(s, q_rows, s_k);
+        pass_turn(group);
         kgen::wgmma_wait<0>();
         kgen::fence_operands(s[0]);
         release(bars.k_empty(0), lane);
@@ -189,9 +211,11 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
         for (int i = 1; i < num_tiles; ++i) {
             const int stage = stage_of(i), previous = stage_of(i - 1);
             kgen::mbarrier_wait(bars.k_full(stage), parity_of(i));
-            issue_scores(s, q_rows, s_k + stage * kKVTileBytes);
             kgen::mbarrier_wait(bars.v_full(previous), parity_of(i - 1));
+            take_turn(group);
+            issue_scores(s, q_rows, s_k + stage * kKVTileBytes);
             issue_pv(state, p, s_v + previous * kKVTileBytes);
+            pass_turn(group);
             kgen::wgmma_wait<1>();  // S of tile i has landed; P V of tile i - 1 may still run
             kgen::fence_operands(s[0]);
             release(bars.k_empty(stage), lane);
@@ -214,7 +238,10 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
                 kgen::named_barrier_sync(kConsumerBarrier, kConsumerThreads);
             }
         }
+        take_turn(group);
         issue_pv(state, p, s_v + stage_of(last) * kKVTileBytes);
+        pass_turn(group);
+        if (group == 0) take_turn(group);
         kgen::wgmma_wait<0>();
         kgen::fence_operands(state.o[0]);
     }
