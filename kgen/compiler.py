@@ -273,8 +273,9 @@ class _AloneOrTogether:
 # Seen on the 16-core GPU machine: with many compiles in parallel threads, NVRTC's log for some
 # came back without ptxas' resource report (even on a retry while others still ran), which would
 # hide spills from the build gate. A compile whose report misses an entry of its cubin is redone
-# with no other compile running.
+# with no other compile running, up to _ALONE_ATTEMPTS times (one retry alone still missed it there).
 _COMPILES = _AloneOrTogether()
+_ALONE_ATTEMPTS = 3
 
 
 def compile_cubin(source: str, arch: str, variant_name: str) -> tuple[bytes, BuildRecord]:
@@ -284,9 +285,12 @@ def compile_cubin(source: str, arch: str, variant_name: str) -> tuple[bytes, Bui
     """
     with _COMPILES.together():
         cubin, record = _compile_once(source, arch, variant_name)
-    if not cubin_kernels(cubin) <= set(record.entries):
+    for _ in range(_ALONE_ATTEMPTS):
+        if cubin_kernels(cubin) <= set(record.entries):
+            break
         with _COMPILES.alone():
             cubin, record = _compile_once(source, arch, variant_name)
+    else:
         missing = sorted(cubin_kernels(cubin) - set(record.entries))
         if missing:
             raise CompileError(f"{variant_name}: ptxas reported no resources for {', '.join(missing)} "

@@ -6,6 +6,7 @@ and compared with float64.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,8 @@ def neighbour_specs():
 def test_attention_neighbour(variant, causal):
     params = variant.param_dict
     tail = params["has_incomplete_tile"]
-    lengths = [63, 200, 1, 129] if tail else [256, 512, 128]
+    whole = math.lcm(params["tile_m"], params["tile_n"])  # a length of whole query and key tiles
+    lengths = [63, 200, 1, 129] if tail else [2 * whole, 4 * whole, whole]
     schedule = plan_tiles(lengths, lengths, tile_m=params["tile_m"], tile_n=params["tile_n"], causal=causal,
                           window=(-1, -1))
     assert schedule.has_incomplete_tile is tail

@@ -3,7 +3,7 @@
 For each built-in family, every value the schema admits for head_dim, tile_m, tile_n
 and num_warps is tried one axis at a time around each built-in configuration. Each
 candidate either fails to compile with a static_assert naming the axis, or is refused by
-``kgen build``'s gates (spills, shared memory over sm_90's limit), or is a variant the GPU
+``kgen build``'s gates (spills, serialised wgmma, shared memory over sm_90's limit), or is a variant the GPU
 tests run: a built-in one or one listed in tests/specs/neighbours/, which
 tests/test_neighbour_variants_gpu.py runs. The last check is both ways, so that list
 cannot go stale.
@@ -11,6 +11,8 @@ cannot go stale.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jsonschema
@@ -68,22 +70,35 @@ def build_passes(variant: Variant) -> bool:
     return record.spills == 0 and smem <= SM90_SMEM_LIMIT
 
 
+def _compiled_in_parallel(swept):
+    """(axis, variant, build_passes or its CompileError) for each candidate; NVRTC runs outside the GIL."""
+    def outcome(item):
+        axis, variant = item
+        try:
+            return axis, variant, build_passes(variant)
+        except CompileError as exc:
+            return axis, variant, exc
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(pool.map(outcome, swept))
+
+
 @pytest.mark.parametrize("family_name", ["attention_prefill", "merge_attention_states"])
 def test_every_admitted_value_compiles_into_a_tested_variant_or_fails_with_its_axis(family_name):
     builtin = registry.current().family(family_name)
     with config.overrides(KGEN_SPEC_PATH=str(NEIGHBOURS)):
         covered = {v.params for v in registry.current().family(family_name).variants if is_base(v)}
     buildable = set()
-    for axis, variant in candidates(builtin):
-        try:
-            passes = build_passes(variant)
-        except CompileError as exc:
-            message = str(exc)
+    for axis, variant, outcome in _compiled_in_parallel(candidates(builtin)):
+        if isinstance(outcome, CompileError):
+            message = str(outcome)
+            if "loses its Hopper design" in message:  # a build gate, as spills are: wgmma serialised
+                continue
             assert "static assertion failed" in message, f"{variant.name}: not refused by a static_assert:\n{message}"
             assert f'"{family_name}: ' in message and axis in message.split("static assertion failed", 1)[1], \
                 f"{variant.name}: the static_assert does not name {axis}:\n{message}"
             continue
-        if passes:
+        if outcome:
             buildable.add(variant.params)
     untested = buildable - covered
     assert not untested, f"buildable but run by no GPU test: {sorted(untested)}"
