@@ -72,7 +72,7 @@ _ATTENTION_PARAMETERS = _parameters(
     "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, "
     "const T* q, const T* k, const T* v, T* out, float* lse, "
     "const int* cu_seqlens_q, const int* cu_seqlens_k, const int* work, const float* sink, "
-    "long long num_items, long long num_heads, long long heads_per_kv, long long q_stride_t, long long q_stride_h, long long k_stride_t, long long k_stride_h, "
+    "long long heads_per_kv, long long q_stride_t, long long q_stride_h, long long k_stride_t, long long k_stride_h, "
     "long long v_stride_t, long long v_stride_h, long long o_stride_t, long long o_stride_h, long long lse_stride_h, "
     "float scale_log2, long long window_left, long long window_right")
 
@@ -90,11 +90,7 @@ def _attention_prefill(params: Mapping[str, Any]) -> KernelLayout:
         threads=threads,
         dynamic_smem_bytes=SWIZZLE_ALIGNMENT + tile_bytes + ATTENTION_BARRIER_BYTES[mma],
         # The box's span is also its swizzle width.
-        # persistent: the grid is one block per SM looping over (work item, head); else one block each.
-        # The wgmma kernel is persistent up to head dim 128: at 256, O's 128 accumulators per thread
-        # leave no registers for the loop's counters (they spill).
-        sizes={"q_box_rows": params["tile_m"], "kv_box_rows": params["tile_n"], "box_span_bytes": span_bytes,
-               "persistent": int(mma == "wgmma" and params["head_dim"] <= 128)},
+        sizes={"q_box_rows": params["tile_m"], "kv_box_rows": params["tile_n"], "box_span_bytes": span_bytes},
         parameters={"attention_prefill": _ATTENTION_PARAMETERS},
     )
 

@@ -8,7 +8,6 @@ device-to-host synchronisation and can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from kgen.launch import KernelLauncher, current_device
 from kgen.ops._checks import check_tensor
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes, without_tail
 from kgen.registry import UnsupportedVariantError, Variant
-from kgen.ops.attention_plan import INT32_LIMIT, TileSchedule, choose_schedule, plan_tiles, seqlens_from_cu, validate_window
+from kgen.ops.attention_plan import TileSchedule, choose_schedule, plan_tiles, seqlens_from_cu, validate_window
 
 FAMILY = "attention_prefill"
 _LOG2E = 1.4426950408889634
@@ -170,11 +169,6 @@ def _launcher(device_index: int, variant: Variant) -> KernelLauncher:
     key = (device_index, variant.name)
     found = _launchers.get(key)
     return found if found is not None else _launchers.put(key, launcher(variant, "attention_prefill", device_index))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _check_rows(name: str, t: torch.Tensor) -> None:
@@ -356,22 +350,13 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
         return _PreparedCall(q.device.index, None, None, None, work, (), out_shape, lse_shape)
     sizes = layout(plan.variant).sizes
     # The kernel's row strides of out and lse are those of contiguous tensors (checked above, or new).
-    num_items = num_work * heads_q
-    if num_items > INT32_LIMIT:  # the kernels count items in 32 bits
-        raise ValueError(f"q: {num_work} query tiles x {heads_q} heads make {num_items} work items; "
-                         f"the kernels take at most {INT32_LIMIT}")
-    tail_args = (num_items, heads_q, heads_q // heads_kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+    tail_args = (heads_q // heads_kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                  heads_q * head_dim, head_dim, total_q, scale_log2,
                  *kernel_window(merged_window, plan.schedule.max_seqlen_q, plan.schedule.max_seqlen_k))
     # With no keys at all no key tile is ever loaded; the parameter still needs a descriptor.
     maps = tma.TensorMaps({"q": sizes["q_box_rows"], "k": sizes["kv_box_rows"], "v": sizes["kv_box_rows"]},
                           sizes["box_span_bytes"], alias_of={"k": "q", "v": "q"} if not total_k else {})
-    # A persistent kernel takes one block per SM (it has one SM's shared memory and registers).
-    if not sizes["persistent"]:
-        grid = (num_work, heads_q) if plan.variant.param_dict["mma"] == "mma_sync" else (num_items, 1)
-    else:
-        grid = (min(num_items, _sm_count(q.device.index)), 1)
-    return _PreparedCall(q.device.index, _launcher(q.device.index, plan.variant), grid, maps, work,
+    return _PreparedCall(q.device.index, _launcher(q.device.index, plan.variant), (num_work, heads_q), maps, work,
                          tail_args, out_shape, lse_shape)
 
 

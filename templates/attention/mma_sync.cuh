@@ -116,7 +116,6 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
                   T* __restrict__ out, float* __restrict__ lse,
                   const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
                   const int* __restrict__ work, const float* __restrict__ sink,
-                  long long /* num_items: the persistent kernel's; this one's item is its block */, long long /* num_heads */,
                   long long heads_per_kv,
                   long long q_stride_t, long long q_stride_h, long long k_stride_t, long long k_stride_h,
                   long long v_stride_t, long long v_stride_h, long long o_stride_t, long long o_stride_h,

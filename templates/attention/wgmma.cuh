@@ -7,11 +7,6 @@
 // operands from shared memory; P stays in registers and is the A operand of O += P V.
 // Each consumer issues S of key tile j before it waits for P V of tile j - 1, so the
 // softmax of tile j runs while the tensor cores add tile j - 1.
-//
-// Persistent (up to head dim 128): the grid is one CTA per SM, and CTA b takes work items b, b + gridDim.x, ...
-// of the host's list (longest first) crossed with the heads, heads fastest, so the query
-// heads that share a KV head run side by side. The stages and phases run on across items,
-// and the producer loads the next item's Q and K/V while the consumers write this one's O.
 
 static_assert(kTileM == 64 || kTileM == 128 || kTileM == 192,
               "attention_prefill: with mma=wgmma, tile_m must be 64, 128 or 192 (one consumer warpgroup per 64 rows)");
@@ -25,14 +20,11 @@ static_assert(kSpanBytes == 128,
               "attention_prefill: with mma=wgmma, head_dim must be a multiple of 64 (whole 128-byte swizzle panels)");
 static_assert(!kCpAsyncTail, "attention_prefill: with mma=wgmma, tail must be tma");
 
-// Registers per thread after the split: the producer needs few, the consumers hold S, P and O
-// (FlashAttention-3's budgets; one consumer group may take a thread's whole 256).
+// Registers per thread after the split: the producer needs few, the consumers hold S, P and O.
 constexpr int kProducerRegisters = kConsumerGroups == 3 ? 32 : 24;
-constexpr int kConsumerRegisters = kConsumerGroups == 3 ? 160 : kConsumerGroups == 2 ? 240 : 256;
+constexpr int kConsumerRegisters = kConsumerGroups == 3 ? 160 : 240;
 static_assert(kgen::kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * kConsumerRegisters) <= 65536,
               "the register budgets exceed the register file");
-// The host launches one block per SM (persistent) or one per item (see kgen/layout.py).
-constexpr bool kPersistent = {{ "true" if layout.sizes.persistent else "false" }};
 constexpr int kConsumerWarps = kConsumerThreads / 32;
 constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads')
 // Pingpong (two consumer warpgroups, head dims up to 128, as FlashAttention-3): the groups
@@ -44,7 +36,6 @@ constexpr int kTurnBarrier = 2;  // ids 2 and 3
 constexpr int kStepsPerPanel = kSpanBytes / 32;  // k16 steps of Q K^T inside one 128-byte panel
 
 // The pipelines' mbarriers, 8 bytes each in the barrier area.
-static_assert(10 * 8 <= kBarrierBytes, "room for ten mbarriers");
 struct Barriers {
     unsigned base;
     __device__ unsigned k_full(int stage) const { return base + 8 * stage; }
@@ -52,11 +43,9 @@ struct Barriers {
     __device__ unsigned v_full(int stage) const { return base + 32 + 8 * stage; }
     __device__ unsigned v_empty(int stage) const { return base + 48 + 8 * stage; }
     __device__ unsigned q_full() const { return base + 64; }
-    __device__ unsigned q_empty() const { return base + 72; }
 };
 
-// The CTA's i-th key tile (counted over all its items) lives in stage i % 2, and its
-// phases alternate every two tiles; its j-th Q tile's phase is j % 2.
+// Key tile i of a CTA's run lives in stage i % 2, and its phases alternate every two tiles.
 __device__ __forceinline__ int stage_of(int i) { return i & 1; }
 __device__ __forceinline__ unsigned parity_of(int i) { return (i >> 1) & 1; }
 
@@ -105,39 +94,6 @@ __device__ __forceinline__ void issue_pv(RowState& state, Probabilities& p, unsi
     kgen::fence_operands(p[0]);
 }
 
-// One work item: a query tile of one sequence for one head, and the key tiles it visits.
-struct Item {
-    int head, kv_head, q_start, lq, k_start, lk, row0, row_last, n_begin, num_tiles;
-    Mask mask;
-};
-
-__device__ __forceinline__ Item item_at(int index, const int* work, const int* cu_seqlens_q, const int* cu_seqlens_k,
-                                        int num_heads, long long heads_per_kv, long long window_left,
-                                        long long window_right) {
-    Item it;
-    const int entry = index / num_heads;
-    it.head = index - entry * num_heads;
-    it.kv_head = it.head / static_cast<int>(heads_per_kv);
-    const int seq = work[2 * entry], q_tile = work[2 * entry + 1];
-    it.q_start = cu_seqlens_q[seq];
-    it.lq = cu_seqlens_q[seq + 1] - it.q_start;
-    it.k_start = cu_seqlens_k[seq];
-    it.lk = cu_seqlens_k[seq + 1] - it.k_start;
-    it.mask = Mask{it.lk, it.lk - it.lq, static_cast<int>(window_left), static_cast<int>(window_right)};
-    it.row0 = q_tile * kTileM;
-    it.row_last = min(it.row0 + kTileM, it.lq) - 1;
-    // Key tiles holding at least one key some row of this tile may attend.
-    int n_begin = 0, n_end = (it.lk + kTileN - 1) / kTileN;
-    if (it.mask.window_left >= 0) n_begin = max(0, it.row0 + it.mask.offset - it.mask.window_left) / kTileN;
-    if (it.mask.window_right >= 0) {
-        const int last_key = it.row_last + it.mask.offset + it.mask.window_right;
-        n_end = min(n_end, last_key < 0 ? 0 : last_key / kTileN + 1);
-    }
-    it.n_begin = n_begin;
-    it.num_tiles = max(n_end - n_begin, 0);
-    return it;
-}
-
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
@@ -146,10 +102,10 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
                   T* __restrict__ out, float* __restrict__ lse,
                   const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
                   const int* __restrict__ work, const float* __restrict__ sink,
-                  long long num_items, long long num_heads, long long heads_per_kv,
+                  long long heads_per_kv,
                   long long q_stride_t, long long q_stride_h, long long k_stride_t, long long k_stride_h,
                   long long v_stride_t, long long v_stride_h, long long o_stride_t, long long o_stride_h,
-                  long long lse_stride_h, float scale_log2, long long window_left, long long window_right) {
+                  long long lse_stride_h, float scale_log2, long long window_left_, long long window_right_) {
     // The host adds kSwizzleAlignment bytes of slack so the tiles can start on a swizzle boundary.
     extern __shared__ unsigned char smem_raw[];
     const unsigned s_q = (kgen::smem_addr(smem_raw) + (kSwizzleAlignment - 1)) & ~(kSwizzleAlignment - 1u);
@@ -164,40 +120,45 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
             kgen::mbarrier_init(bars.v_empty(stage), kConsumerWarps);
         }
         kgen::mbarrier_init(bars.q_full(), 1);
-        kgen::mbarrier_init(bars.q_empty(), kConsumerWarps);
         kgen::mbarrier_init_fence();
     }
     __syncthreads();
-    // The host keeps num_items (work items x heads) within int32.
-    const int items = static_cast<int>(num_items), heads = static_cast<int>(num_heads);
-    auto item = [&](int index) {
-        return item_at(index, work, cu_seqlens_q, cu_seqlens_k, heads, heads_per_kv, window_left, window_right);
-    };
+
+    const int seq = work[2 * blockIdx.x], q_tile = work[2 * blockIdx.x + 1];
+    const int head = blockIdx.y;
+    const int kv_head = head / static_cast<int>(heads_per_kv);
+    const int q_start = cu_seqlens_q[seq], lq = cu_seqlens_q[seq + 1] - q_start;
+    const int k_start = cu_seqlens_k[seq], lk = cu_seqlens_k[seq + 1] - k_start;
+    const Mask mask{lk, lk - lq, static_cast<int>(window_left_), static_cast<int>(window_right_)};
+    const int row0 = q_tile * kTileM;
+    const int row_last = min(row0 + kTileM, lq) - 1;
+
+    // Key tiles holding at least one key some row of this tile may attend.
+    int n_begin = 0, n_end = (lk + kTileN - 1) / kTileN;
+    if (mask.window_left >= 0) n_begin = max(0, row0 + mask.offset - mask.window_left) / kTileN;
+    if (mask.window_right >= 0) {
+        const int last_key = row_last + mask.offset + mask.window_right;
+        n_end = min(n_end, last_key < 0 ? 0 : last_key / kTileN + 1);
+    }
+    const int num_tiles = max(n_end - n_begin, 0);
     const int warp = kgen::warp_index(), lane = threadIdx.x % 32;
 
     if (warp < 4) {
-        // ---- Producer: one thread loads each item's Q and its K/V tiles, as the consumers free buffers. ----
+        // ---- Producer: one thread loads Q once and K/V tile by tile, as the consumers free stages. ----
         kgen::release_registers<kProducerRegisters>();
-        if (threadIdx.x == 0) {
+        if (threadIdx.x == 0 && num_tiles > 0) {
             const unsigned long long read_once = kgen::l2_evict_first(), read_again = kgen::l2_evict_last();
-            int tiles = 0, q_tiles = 0;  // loaded so far
-            for (int index = blockIdx.x; index < items; index += kPersistent ? gridDim.x : items) {
-                const Item it = item(index);
-                if (it.num_tiles == 0) continue;
+            kgen::mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
+            load_tile_tma<kTileM>(s_q, map_q, q_start + row0, head, bars.q_full(), read_once);
+            for (int i = 0; i < num_tiles; ++i) {
+                const int stage = stage_of(i), first_key = k_start + (n_begin + i) * kTileN;
                 // A fresh barrier's previous phase counts as complete, so the first pass does not wait.
-                kgen::mbarrier_wait(bars.q_empty(), parity_of(2 * q_tiles) ^ 1);
-                kgen::mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
-                load_tile_tma<kTileM>(s_q, map_q, it.q_start + it.row0, it.head, bars.q_full(), read_once);
-                ++q_tiles;
-                for (int i = 0; i < it.num_tiles; ++i, ++tiles) {
-                    const int stage = stage_of(tiles), first_key = it.k_start + (it.n_begin + i) * kTileN;
-                    kgen::mbarrier_wait(bars.k_empty(stage), parity_of(tiles) ^ 1);
-                    kgen::mbarrier_arrive_expect_tx(bars.k_full(stage), kKVTileBytes);
-                    load_tile_tma<kTileN>(s_k + stage * kKVTileBytes, map_k, first_key, it.kv_head, bars.k_full(stage), read_again);
-                    kgen::mbarrier_wait(bars.v_empty(stage), parity_of(tiles) ^ 1);
-                    kgen::mbarrier_arrive_expect_tx(bars.v_full(stage), kKVTileBytes);
-                    load_tile_tma<kTileN>(s_v + stage * kKVTileBytes, map_v, first_key, it.kv_head, bars.v_full(stage), read_again);
-                }
+                kgen::mbarrier_wait(bars.k_empty(stage), parity_of(i) ^ 1);
+                kgen::mbarrier_arrive_expect_tx(bars.k_full(stage), kKVTileBytes);
+                load_tile_tma<kTileN>(s_k + stage * kKVTileBytes, map_k, first_key, kv_head, bars.k_full(stage), read_again);
+                kgen::mbarrier_wait(bars.v_empty(stage), parity_of(i) ^ 1);
+                kgen::mbarrier_arrive_expect_tx(bars.v_full(stage), kKVTileBytes);
+                load_tile_tma<kTileN>(s_v + stage * kKVTileBytes, map_v, first_key, kv_head, bars.v_full(stage), read_again);
             }
         }
         return;
@@ -208,97 +169,84 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
     const int consumer_thread = threadIdx.x - kgen::kWarpgroupThreads;
     const int group = consumer_thread / kgen::kWarpgroupThreads;
     const int quad_row = lane / 4, quad_col = lane % 4;
-    // This thread's first row in a tile, and 8 below it (wgmma's accumulator layout).
-    const int tile_row = 64 * group + 16 * ((consumer_thread / 32) % 4) + quad_row;
+    // This thread's rows: thread_row0 and 8 below it (wgmma's accumulator layout).
+    const int thread_row0 = row0 + 64 * group + 16 * ((consumer_thread / 32) % 4) + quad_row;
+    auto row_of = [&](int i) { return thread_row0 + 8 * i; };
     const unsigned q_rows = s_q + 64 * group * kSpanBytes;  // the group's rows of the first panel
-    int tiles = 0, q_tiles = 0;  // consumed so far, as the producer counts them
 
-    for (int index = blockIdx.x; index < items; index += kPersistent ? gridDim.x : items) {
-        const Item it = item(index);
-        const int thread_row0 = it.row0 + tile_row;
-        auto row_of = [&](int i) { return thread_row0 + 8 * i; };
-        const float sink_log2 = sink != nullptr ? sink[it.head] * kgen::kLog2e : -kgen::inf();
-        T* const out_head = out + static_cast<long long>(it.q_start) * o_stride_t + it.head * o_stride_h;
-        float* const lse_head = lse + it.head * lse_stride_h + it.q_start;
-        const int lq = it.lq;
-        RowState state;
+    RowState state;
 #pragma unroll
-        for (int db = 0; db < kHeadDim / 8; ++db)
+    for (int db = 0; db < kHeadDim / 8; ++db)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) state.o[0][db][e] = 0.f;
+        for (int e = 0; e < 4; ++e) state.o[0][db][e] = 0.f;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) state.max[i] = -kgen::inf(), state.sum[i] = 0.f;
+    for (int i = 0; i < 2; ++i) state.max[i] = -kgen::inf(), state.sum[i] = 0.f;
 
-        // Mask only tiles that cross a boundary: the sequence end, or the window's edges.
-        auto mask_if_crossing = [&](Scores& s, int key0) {
-            const Mask& mask = it.mask;
-            const bool crosses_end = kHasTail && key0 + kTileN > it.lk;
-            const bool crosses_left = mask.window_left >= 0 && key0 < it.row_last + mask.offset - mask.window_left;
-            const bool crosses_right = mask.window_right >= 0 && key0 + kTileN - 1 > it.row0 + mask.offset + mask.window_right;
-            if (crosses_end || crosses_left || crosses_right) mask_scores(s, mask, key0, thread_row0, quad_col);
-        };
+    // Mask only tiles that cross a boundary: the sequence end, or the window's edges.
+    auto mask_if_crossing = [&](Scores& s, int key0) {
+        const bool crosses_end = kHasTail && key0 + kTileN > lk;
+        const bool crosses_left = mask.window_left >= 0 && key0 < row_last + mask.offset - mask.window_left;
+        const bool crosses_right = mask.window_right >= 0 && key0 + kTileN - 1 > row0 + mask.offset + mask.window_right;
+        if (crosses_end || crosses_left || crosses_right) mask_scores(s, mask, key0, thread_row0, quad_col);
+    };
 
-        if (it.num_tiles > 0) {
-            Scores s;
-            Probabilities p;
-            RowFactors correction;
-            // Every turn taken is handed over: group 1 hands group 0 its first, and group 0 takes
-            // one more turn at the end, the hand-over of group 1's last.
-            if (group == 1) pass_turn(group);
-            kgen::mbarrier_wait(bars.q_full(), parity_of(2 * q_tiles));
-            kgen::mbarrier_wait(bars.k_full(stage_of(tiles)), parity_of(tiles));
+    if (num_tiles > 0) {
+        Scores s;
+        Probabilities p;
+        RowFactors correction;
+        // Every turn taken is handed over: group 1 hands group 0 its first, and group 0 takes
+        // one more turn at the end, the hand-over of group 1's last.
+        if (group == 1) pass_turn(group);
+        kgen::mbarrier_wait(bars.q_full(), 0);
+        kgen::mbarrier_wait(bars.k_full(0), 0);
+        take_turn(group);
+        issue_scores(s, q_rows, s_k);
+        pass_turn(group);
+        kgen::wgmma_wait<0>();
+        kgen::fence_operands(s[0]);
+        release(bars.k_empty(0), lane);
+        mask_if_crossing(s, n_begin * kTileN);
+        softmax_update(s, state, scale_log2, correction);  // O is still 0: no rescale
+        pack_probabilities(s, p);
+        for (int i = 1; i < num_tiles; ++i) {
+            const int stage = stage_of(i), previous = stage_of(i - 1);
+            kgen::mbarrier_wait(bars.k_full(stage), parity_of(i));
+            kgen::mbarrier_wait(bars.v_full(previous), parity_of(i - 1));
             take_turn(group);
-            issue_scores(s, q_rows, s_k + stage_of(tiles) * kKVTileBytes);
+            issue_scores(s, q_rows, s_k + stage * kKVTileBytes);
+            issue_pv(state, p, s_v + previous * kKVTileBytes);
             pass_turn(group);
-            kgen::wgmma_wait<0>();
+            kgen::wgmma_wait<1>();  // S of tile i has landed; P V of tile i - 1 may still run
             kgen::fence_operands(s[0]);
-            release(bars.k_empty(stage_of(tiles)), lane);
-            mask_if_crossing(s, it.n_begin * kTileN);
-            softmax_update(s, state, scale_log2, correction);  // O is still 0: no rescale
-            pack_probabilities(s, p);
-            for (int i = 1; i < it.num_tiles; ++i) {
-                const int current = tiles + i, stage = stage_of(current), previous = stage_of(current - 1);
-                kgen::mbarrier_wait(bars.k_full(stage), parity_of(current));
-                kgen::mbarrier_wait(bars.v_full(previous), parity_of(current - 1));
-                take_turn(group);
-                issue_scores(s, q_rows, s_k + stage * kKVTileBytes);
-                issue_pv(state, p, s_v + previous * kKVTileBytes);
-                pass_turn(group);
-                kgen::wgmma_wait<1>();  // S of this tile has landed; P V of the previous one may still run
-                kgen::fence_operands(s[0]);
-                release(bars.k_empty(stage), lane);
-                mask_if_crossing(s, (it.n_begin + i) * kTileN);
-                softmax_update(s, state, scale_log2, correction);
-                kgen::wgmma_wait<0>();
-                kgen::fence_operands(state.o[0]);
-                release(bars.v_empty(previous), lane);
-                rescale_output(state, correction);
-                pack_probabilities(s, p);
-            }
-            const int last = tiles + it.num_tiles - 1, last_key0 = (it.n_begin + it.num_tiles - 1) * kTileN;
-            kgen::mbarrier_wait(bars.v_full(stage_of(last)), parity_of(last));
-            if constexpr (kTmaTail) {
-                // Only a sequence's last key tile can be incomplete, and it is the item's last.
-                if (last_key0 + kTileN > it.lk) {
-                    clear_rows_past<kTileN, kConsumerThreads>(smem_raw + (s_v + stage_of(last) * kKVTileBytes - kgen::smem_addr(smem_raw)),
-                                                              it.lk - last_key0, consumer_thread);
-                    kgen::fence_proxy_async_shared();  // wgmma reads through the async proxy
-                    kgen::named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-                }
-            }
-            take_turn(group);
-            issue_pv(state, p, s_v + stage_of(last) * kKVTileBytes);
-            pass_turn(group);
-            if (group == 0) take_turn(group);
+            release(bars.k_empty(stage), lane);
+            mask_if_crossing(s, (n_begin + i) * kTileN);
+            softmax_update(s, state, scale_log2, correction);
             kgen::wgmma_wait<0>();
             kgen::fence_operands(state.o[0]);
-            // Q and the last V are free: the producer loads the next item while this one is written.
-            release(bars.v_empty(stage_of(last)), lane);
-            release(bars.q_empty(), lane);
-            tiles += it.num_tiles;
-            ++q_tiles;
+            release(bars.v_empty(previous), lane);
+            rescale_output(state, correction);
+            pack_probabilities(s, p);
         }
-
-        write_output(state, out_head, lse_head, o_stride_t, lq, sink_log2, quad_col, row_of);
+        const int last = num_tiles - 1, last_key0 = (n_begin + last) * kTileN;
+        kgen::mbarrier_wait(bars.v_full(stage_of(last)), parity_of(last));
+        if constexpr (kTmaTail) {
+            // Only a sequence's last key tile can be incomplete, and it is the run's last.
+            if (last_key0 + kTileN > lk) {
+                clear_rows_past<kTileN, kConsumerThreads>(smem_raw + (s_v + stage_of(last) * kKVTileBytes - kgen::smem_addr(smem_raw)),
+                                                          lk - last_key0, consumer_thread);
+                kgen::fence_proxy_async_shared();  // wgmma reads through the async proxy
+                kgen::named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+            }
+        }
+        take_turn(group);
+        issue_pv(state, p, s_v + stage_of(last) * kKVTileBytes);
+        pass_turn(group);
+        if (group == 0) take_turn(group);
+        kgen::wgmma_wait<0>();
+        kgen::fence_operands(state.o[0]);
     }
+
+    const float sink_log2 = sink != nullptr ? sink[head] * kgen::kLog2e : -kgen::inf();
+    write_output(state, out + static_cast<long long>(q_start) * o_stride_t + head * o_stride_h,
+                 lse + head * lse_stride_h + q_start, o_stride_t, lq, sink_log2, quad_col, row_of);
 }
