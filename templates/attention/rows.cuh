@@ -156,7 +156,9 @@ __device__ __forceinline__ void write_output(const RowState& state, T* out_head,
         const float row_max_all = fmaxf(state.max[i], sink_log2);
         const float base = row_max_all == -kgen::inf() ? 0.f : row_max_all;
         const float denominator = total * exp2f(state.max[i] - base) + exp2f(sink_log2 - base);
-        const float o_scale = denominator > 0.f ? exp2f(state.max[i] - base) / denominator : 0.f;
+        // One term of the denominator is 2^0 (the row's or the sink's maximum), so it is >= 1 when
+        // positive, where the fast division is exact to 2 ulp; IEEE division calls a slow path.
+        const float o_scale = denominator > 0.f ? __fdividef(exp2f(state.max[i] - base), denominator) : 0.f;
         const int row = row_of(i);
         if (kHasTail && row >= lq) continue;
         T* dst = out_head + row * o_stride_t + 2 * quad_col;
