@@ -27,11 +27,19 @@ status=0
   # The variants one axis from the built-in ones, which tests/test_neighbour_variants_gpu.py runs.
   KGEN_SPEC_PATH=tests/specs/neighbours python3 -m kgen build; } > "$work/build.log" 2>&1 || status=1
 tail -n 3 "$work/build.log"
+cp "$work/build.log" "$dest/"  # each log as soon as it is complete, so a run cut short still reports
 python3 -m pytest -m gpu -q -p no:cacheprovider > "$work/gpu_tests.log" 2>&1 || status=1
 tail -n 12 "$work/gpu_tests.log"
+cp "$work/gpu_tests.log" "$dest/"
+# One small case per kernel class under compute-sanitizer (its driver-API probes are noise).
+for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --report-api-errors no python3 tools/sanitizer_case.py \
+        > "$work/sanitizer_$tool.log" 2>&1 || status=1
+    tail -n 2 "$work/sanitizer_$tool.log"
+    cp "$work/sanitizer_$tool.log" "$dest/"
+done
 python3 bench/run_all.py --out "$work/bench" || status=1
 
-cp "$work/build.log" "$work/gpu_tests.log" "$dest/"
 cp "$work/bench/SUMMARY.md" "$work/bench/summary.json" "$dest/" 2>/dev/null
 tar czf "$dest/bench_details.tgz" -C "$work" bench
 exit $status

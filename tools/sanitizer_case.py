@@ -2,7 +2,7 @@
 
     compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitizer_case.py
 
-Attention over a packed batch with tails (each tail policy, and the no-tail variant on
+Attention over a packed batch with tails (each kernel and tail policy, and the no-tail variant on
 whole tiles), neighbours poisoned with NaN/Inf, and both merge kernels.
 """
 
@@ -16,16 +16,17 @@ def main() -> None:
     for lengths in ([63, 65, 200, 1], [128, 256]):
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
         total = cu[-1].item()
-        for head_dim in (64, 128):
+        for head_dim in (64, 128, 256):
             q = torch.randn((total, 4, head_dim), device="cuda", dtype=torch.bfloat16)
             k, v = (torch.randn((total, 2, head_dim), device="cuda", dtype=torch.bfloat16) for _ in range(2))
             k[cu[1]:cu[2]] = float("nan")
             v[cu[1]:cu[2]] = float("inf")
-            for tail in ("tma", "cp_async"):
-                plan = plan_attention_varlen(cu, cu, head_dim=head_dim, causal=True, tail=tail)
+            # Each kernel (wgmma takes tails by TMA only) with each tail policy it has.
+            for mma, tail in (("wgmma", "tma"), ("mma_sync", "tma"), ("mma_sync", "cp_async")):
+                plan = plan_attention_varlen(cu, cu, head_dim=head_dim, causal=True, tail=tail, mma=mma)
                 out = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan)
                 first = out[:lengths[0]]
-                assert not first.isnan().any(), f"NaN leaked into sequence 0 (hd{head_dim}, tail={tail})"
+                assert not first.isnan().any(), f"NaN leaked into sequence 0 (hd{head_dim}, {mma}, tail={tail})"
     v = torch.randn((3, 1000, 4, 128), device="cuda", dtype=torch.bfloat16)
     lse = torch.randn((3, 1000, 4), device="cuda")
     merge_attention_states(v[0], lse[0], v[1], lse[1])
