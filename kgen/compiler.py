@@ -7,13 +7,14 @@ entry), which ``kgen build`` prints and which gates spills.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
 import io
 import re
 import struct
-import contextlib
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -275,6 +276,10 @@ class _AloneOrTogether:
 # hide spills from the build gate. A compile whose report misses an entry of its cubin is redone
 # with no other compile running, up to _ALONE_ATTEMPTS times (one retry alone still missed it there).
 _COMPILES = _AloneOrTogether()
+# On the GPU machine, a compile whose PTX equals an earlier one's in this process (two variants that
+# differ only where has_incomplete_tile=false makes them equal, or one variant compiled twice) comes
+# back with the same cubin and no ptxas report: the earlier report, by cubin, is that compile's.
+_reports: dict[bytes, "BuildRecord"] = {}
 _ALONE_ATTEMPTS = 3
 
 
@@ -288,6 +293,11 @@ def compile_cubin(source: str, arch: str, variant_name: str) -> tuple[bytes, Bui
     for _ in range(_ALONE_ATTEMPTS):
         if cubin_kernels(cubin) <= set(record.entries):
             break
+        earlier = _reports.get(hashlib.sha256(cubin).digest())
+        if earlier is not None:  # NVRTC handed back the cubin of an identical program without running ptxas
+            record = dataclasses.replace(record, entries=dict(earlier.entries),
+                                         callee_spill_bytes=earlier.callee_spill_bytes)
+            break
         with _COMPILES.alone():
             cubin, record = _compile_once(source, arch, variant_name)
     else:
@@ -295,6 +305,7 @@ def compile_cubin(source: str, arch: str, variant_name: str) -> tuple[bytes, Bui
         if missing:
             raise CompileError(f"{variant_name}: ptxas reported no resources for {', '.join(missing)} "
                                f"(registers and spills unknown), even when compiled alone")
+    _reports.setdefault(hashlib.sha256(cubin).digest(), record)
     return cubin, record
 
 

@@ -428,13 +428,31 @@ def test_a_resource_report_missing_an_entry_is_compiled_again_alone(monkeypatch)
         calls.append(log)
         return {} if len(calls) == 1 else real_parse(log)
 
+    monkeypatch.setattr(compiler, "_reports", {})  # no earlier compile of this cubin to take a report from
     monkeypatch.setattr(compiler, "parse_ptxas_log", first_report_empty)
     _, record = compile_cubin(source, "sm_90a", "retry")
     assert len(calls) == 2 and set(record.entries) == {"only"}
 
+    monkeypatch.setattr(compiler, "_reports", {})
     monkeypatch.setattr(compiler, "parse_ptxas_log", lambda log: {})
     with pytest.raises(CompileError, match="ptxas reported no resources for only"):
         compile_cubin(source, "sm_90a", "never")
+
+
+def test_a_cubin_returned_without_a_report_takes_the_report_of_its_identical_earlier_compile(monkeypatch):
+    # Seen on the GPU machine: NVRTC returns the cubin of a program whose PTX it compiled before with
+    # no ptxas report. The earlier report of the same cubin is the right one.
+    source = 'extern "C" __global__ void twin(float* x) { x[threadIdx.x] *= 3.f; }\n'
+    _, first = compile_cubin(source, "sm_90a", "first")
+    calls = []
+
+    def no_report(log):
+        calls.append(log)
+        return {}
+
+    monkeypatch.setattr(compiler, "parse_ptxas_log", no_report)
+    _, again = compile_cubin(source + "// a comment changes no PTX\n", "sm_90a", "again")
+    assert len(calls) == 1 and again.entries == first.entries and again.entries["twin"].registers > 0
 
 
 def test_a_retried_compile_runs_with_no_other_compile_in_flight():
