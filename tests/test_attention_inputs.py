@@ -47,7 +47,13 @@ def tile_heights(head_dim: int, tail: str | None = None) -> list[int]:
 def test_plans_without_a_gpu_take_the_first_kernel_the_arch_runs():
     family = registry.current().family("attention_prefill")
     assert [v.param_dict["mma"] for v in family.variants[:1]] == ["wgmma"]
-    assert {v.param_dict["mma"] for v in attention._tile_candidates(128, torch.bfloat16, None, None, 90)} == {"wgmma"}
+    on_hopper = [v.param_dict["mma"] for v in attention._tile_candidates(128, torch.bfloat16, None, None, 90)]
+    assert on_hopper[0] == "wgmma" and set(on_hopper) == {"wgmma", "mma_sync"}
+    # Long sequences take wgmma's first shape; a 64-token causal prompt mma_sync's 64x64 tiles, which
+    # compute half the scores of wgmma's smallest (64x128).
+    assert plan_attention_varlen([0, 8192], [0, 8192], head_dim=128).variant.param_dict["mma"] == "wgmma"
+    short = plan_attention_varlen([0, 64], [0, 64], head_dim=128, causal=True).variant.param_dict
+    assert (short["mma"], short["tile_m"], short["tile_n"]) == ("mma_sync", 64, 64)
     # Newer GPUs have no wgmma: they run the mma.sync kernel.
     assert {v.param_dict["mma"] for v in attention._tile_candidates(128, torch.bfloat16, None, None, 100)} == {"mma_sync"}
     with config.overrides(KGEN_ARCH="sm_100a"):

@@ -101,7 +101,8 @@ def planning_sm(device: torch.device | str | int | None) -> int:
 def _tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m: int | None, sm: int,
                      mma: str | None = None, tile_n: int | None = None) -> list[Variant]:
     """The with-tail variant of each tile shape the spec offers for this call on arch ``sm``, in its order of
-    preference: the tile shapes of the first kernel (``mma``) in the spec's order that the arch runs."""
+    preference (on sm_90 wgmma's shapes, then mma_sync's, which wins short sequences by computing fewer
+    padded scores in its smaller tiles: see choose_schedule)."""
     wanted = {"tail": tail} if tail is not None else {}
     if tile_m is not None:
         wanted["tile_m"] = tile_m
@@ -118,8 +119,7 @@ def _tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m
         raise UnsupportedVariantError(f"{FAMILY}: no variant for head_dim={head_dim}, dtype={DTYPE_NAMES[dtype]}"
                                       f"{''.join(f', {k}={x}' for k, x in wanted.items())} runs on sm_{sm}: "
                                       f"{offered[0].name} and the others {offered[0].arch_refusal(sm)}")
-    kernel = runnable[0].param_dict["mma"]
-    return [v for v in runnable if v.param_dict["mma"] == kernel]
+    return runnable
 
 
 def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: torch.dtype = torch.bfloat16,
@@ -132,8 +132,8 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     ``cu_seqlens_q`` / ``cu_seqlens_k`` are host data (lists or CPU tensors) of
     length N+1. ``head_dim`` and ``dtype`` pick the spec's variants, of the first kernel in
     its order that the arch runs (``KGEN_ARCH``, else ``device``'s or the current GPU's; sm_90
-    without a GPU): wgmma on sm_90a, mma_sync elsewhere. Among the tile shapes it lists for
-    them, the first is used unless it computes many more masked or
+    without a GPU): wgmma's and then mma_sync's on sm_90a, mma_sync's elsewhere. Among the tile
+    shapes it lists for them, the first is used unless it computes many more masked or
     padded scores for this batch than another (see
     :func:`kgen.ops.attention_plan.choose_schedule`); ``tile_m`` and ``tile_n`` force a tile size, and ``mma``
     (``"wgmma"`` or ``"mma_sync"``) one kernel, which must run on the arch.
