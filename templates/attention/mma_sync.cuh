@@ -135,57 +135,42 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
     }
     __syncthreads();
 
-    const int seq = work[2 * blockIdx.x], q_tile = work[2 * blockIdx.x + 1];
-    const int head = blockIdx.y;
-    const int kv_head = head / static_cast<int>(heads_per_kv);
-    const int q_start = cu_seqlens_q[seq], lq = cu_seqlens_q[seq + 1] - q_start;
-    const int k_start = cu_seqlens_k[seq], lk = cu_seqlens_k[seq + 1] - k_start;
-    const Mask mask{lk, lk - lq, static_cast<int>(window_left_), static_cast<int>(window_right_)};
-    const int row0 = q_tile * kTileM;
-    const int row_last = min(row0 + kTileM, lq) - 1;
-
-    // Key tiles holding at least one key some row of this tile may attend.
-    int n_begin = 0, n_end = (lk + kTileN - 1) / kTileN;
-    if (mask.window_left >= 0) n_begin = max(0, row0 + mask.offset - mask.window_left) / kTileN;
-    if (mask.window_right >= 0) {
-        const int last_key = row_last + mask.offset + mask.window_right;
-        n_end = min(n_end, last_key < 0 ? 0 : last_key / kTileN + 1);
-    }
+    const TileWork tile = tile_work(work, cu_seqlens_q, cu_seqlens_k, heads_per_kv, window_left_, window_right_);
 
     // Which tiles TMA loads: full ones, or all of them unless incomplete ones take cp.async.
     auto by_tma = [&](int first_row, int rows, int length) { return !kCpAsyncTail || first_row + rows <= length; };
     auto load_kv = [&](int n, int buf) {
         const unsigned bar = kv_bar + 8 * buf;
-        if (by_tma(n * kTileN, kTileN, lk)) {
+        if (by_tma(n * kTileN, kTileN, tile.lk)) {
             if (threadIdx.x == 0) {
                 // The barrier before this call ordered every warp's reads of the buffer; this
                 // orders them before the TMA unit's writes.
                 kgen::fence_proxy_async_shared();
                 kgen::mbarrier_arrive_expect_tx(bar, 2 * kKVTileBytes);
-                load_tile_tma<kTileN>(s_k + buf * kKVTileBytes, map_k, k_start + n * kTileN, kv_head, bar);
-                load_tile_tma<kTileN>(s_v + buf * kKVTileBytes, map_v, k_start + n * kTileN, kv_head, bar);
+                load_tile_tma<kTileN>(s_k + buf * kKVTileBytes, map_k, tile.k_start + n * kTileN, tile.kv_head, bar);
+                load_tile_tma<kTileN>(s_v + buf * kKVTileBytes, map_v, tile.k_start + n * kTileN, tile.kv_head, bar);
             }
         } else if constexpr (kCpAsyncTail) {
-            const long long key0 = static_cast<long long>(k_start) + n * kTileN;
-            load_tile_cp_async<kTileN>(s_k + buf * kKVTileBytes, k + key0 * k_stride_t + kv_head * k_stride_h,
-                                       k_stride_t, lk - n * kTileN);
-            load_tile_cp_async<kTileN>(s_v + buf * kKVTileBytes, v + key0 * v_stride_t + kv_head * v_stride_h,
-                                       v_stride_t, lk - n * kTileN);
+            const long long key0 = static_cast<long long>(tile.k_start) + n * kTileN;
+            load_tile_cp_async<kTileN>(s_k + buf * kKVTileBytes, k + key0 * k_stride_t + tile.kv_head * k_stride_h,
+                                       k_stride_t, tile.lk - n * kTileN);
+            load_tile_cp_async<kTileN>(s_v + buf * kKVTileBytes, v + key0 * v_stride_t + tile.kv_head * v_stride_h,
+                                       v_stride_t, tile.lk - n * kTileN);
         }
         if constexpr (kCpAsyncTail) kgen::cp_async_commit();
     };
-    const bool q_by_tma = by_tma(row0, kTileM, lq);
+    const bool q_by_tma = by_tma(tile.row0, kTileM, tile.lq);
     if (q_by_tma) {
         if (threadIdx.x == 0) {
             kgen::mbarrier_arrive_expect_tx(q_bar, kQBytes);
-            load_tile_tma<kTileM>(s_q, map_q, q_start + row0, head, q_bar);
+            load_tile_tma<kTileM>(s_q, map_q, tile.q_start + tile.row0, tile.head, q_bar);
         }
     } else if constexpr (kCpAsyncTail) {
-        load_tile_cp_async<kTileM>(s_q, q + static_cast<long long>(q_start + row0) * q_stride_t + head * q_stride_h,
-                                   q_stride_t, lq - row0);
+        load_tile_cp_async<kTileM>(s_q, q + static_cast<long long>(tile.q_start + tile.row0) * q_stride_t + tile.head * q_stride_h,
+                                   q_stride_t, tile.lq - tile.row0);
         kgen::cp_async_commit();
     }
-    if (n_begin < n_end) load_kv(n_begin, 0);
+    if (tile.n_begin < tile.n_end) load_kv(tile.n_begin, 0);
     // Q is needed by every key tile; a CTA with none still waits, so no copy outlives it.
     if (q_by_tma) kgen::mbarrier_wait(q_bar, 0);
     unsigned kv_phase = 0;  // bit b: the parity to wait for on buffer b's mbarrier
@@ -194,7 +179,7 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
     const int quad_row = lane / 4, quad_col = lane % 4;
     // This thread's rows: for row block rb, warp_row0 + 16 rb + quad_row and 8 below it
     // (thread row i = 2 rb + half).
-    const int warp_row0 = row0 + warp * 16 * kRowBlocks;
+    const int warp_row0 = tile.row0 + warp * 16 * kRowBlocks;
     auto row_of = [&](int i) { return warp_row0 + (i / 2) * 16 + (i % 2) * 8 + quad_row; };
     // ldmatrix lanes: Q as the A operand, K as B, V as B transposed (see the mma fragment layouts).
     const LdsmLane q_lane(warp * 16 * kRowBlocks + lane % 16, lane / 16);
@@ -212,26 +197,26 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
 #pragma unroll
     for (int i = 0; i < 2 * kRowBlocks; ++i) state.max[i] = -kgen::inf(), state.sum[i] = 0.f;
 
-    for (int n = n_begin; n < n_end; ++n) {
-        const int buf = (n - n_begin) & 1;
+    for (int n = tile.n_begin; n < tile.n_end; ++n) {
+        const int buf = (n - tile.n_begin) & 1;
         const int key0 = n * kTileN;
         const unsigned k_tile = s_k + buf * kKVTileBytes;
         const unsigned v_tile = s_v + buf * kKVTileBytes;
         // Tile n has landed for every thread, and every warp is done with tile n-1,
         // so one barrier both publishes tile n and frees the other buffer.
-        if (by_tma(key0, kTileN, lk)) {
+        if (by_tma(key0, kTileN, tile.lk)) {
             kgen::mbarrier_wait(kv_bar + 8 * buf, (kv_phase >> buf) & 1);
             kv_phase ^= 1u << buf;
         }
         if constexpr (kTmaTail) {
             // K's rows past the end need no clearing: their scores are masked by a select.
-            if (key0 + kTileN > lk) clear_rows_past<kTileN, kThreads>(smem_raw + (v_tile - kgen::smem_addr(smem_raw)), lk - key0, threadIdx.x);
+            if (key0 + kTileN > tile.lk) clear_rows_past<kTileN, kThreads>(smem_raw + (v_tile - kgen::smem_addr(smem_raw)), tile.lk - key0, threadIdx.x);
         }
         if constexpr (kCpAsyncTail) kgen::cp_async_wait<0>();
         __syncthreads();
-        if (n + 1 < n_end) load_kv(n + 1, buf ^ 1);
+        if (n + 1 < tile.n_end) load_kv(n + 1, buf ^ 1);
         if constexpr (kQInRegisters) {
-            if (n == n_begin) {
+            if (n == tile.n_begin) {
 #pragma unroll
                 for (int rb = 0; rb < kRowBlocks; ++rb)
 #pragma unroll
@@ -241,11 +226,7 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
 
         Scores s;
         compute_scores(s, q_frag, s_q, k_tile, q_lane, k_lane);
-        // Mask only tiles that cross a boundary: the sequence end, or the window's edges.
-        const bool crosses_end = kHasTail && key0 + kTileN > lk;
-        const bool crosses_left = mask.window_left >= 0 && key0 < row_last + mask.offset - mask.window_left;
-        const bool crosses_right = mask.window_right >= 0 && key0 + kTileN - 1 > row0 + mask.offset + mask.window_right;
-        if (crosses_end || crosses_left || crosses_right) mask_scores(s, mask, key0, warp_row0 + quad_row, quad_col);
+        if (tile.crosses_boundary(key0)) mask_scores(s, tile.mask, key0, warp_row0 + quad_row, quad_col);
         RowFactors correction;
         softmax_update(s, state, scale_log2, correction);
         rescale_output(state, correction);
@@ -253,8 +234,8 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
     }
     if constexpr (kCpAsyncTail) kgen::cp_async_wait<0>();
 
-    const float sink_log2 = sink != nullptr ? sink[head] * kgen::kLog2e : -kgen::inf();
-    write_output(state, out + static_cast<long long>(q_start) * o_stride_t + head * o_stride_h,
-                 lse + head * lse_stride_h + q_start, o_stride_t, lq, sink_log2, quad_col, row_of);
+    const float sink_log2 = sink != nullptr ? sink[tile.head] * kgen::kLog2e : -kgen::inf();
+    write_output(state, out + static_cast<long long>(tile.q_start) * o_stride_t + tile.head * o_stride_h,
+                 lse + tile.head * lse_stride_h + tile.q_start, o_stride_t, tile.lq, sink_log2, quad_col, row_of);
 }
 

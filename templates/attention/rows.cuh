@@ -63,6 +63,44 @@ struct Mask {
     }
 };
 
+// A CTA's work item: query tile work[blockIdx.x] of its sequence for head blockIdx.y, and the key
+// tiles [n_begin, n_end) holding a key some row of the tile may attend.
+struct TileWork {
+    int head, kv_head, q_start, lq, k_start, lk, row0, row_last, n_begin, n_end;
+    Mask mask;
+
+    // Key tile `key0` needs the mask: it crosses the sequence end or a window edge.
+    __device__ __forceinline__ bool crosses_boundary(int key0) const {
+        const bool crosses_end = kHasTail && key0 + kTileN > lk;
+        const bool crosses_left = mask.window_left >= 0 && key0 < row_last + mask.offset - mask.window_left;
+        const bool crosses_right = mask.window_right >= 0 && key0 + kTileN - 1 > row0 + mask.offset + mask.window_right;
+        return crosses_end || crosses_left || crosses_right;
+    }
+};
+
+__device__ __forceinline__ TileWork tile_work(const int* work, const int* cu_seqlens_q, const int* cu_seqlens_k,
+                                              long long heads_per_kv, long long window_left, long long window_right) {
+    TileWork t;
+    const int seq = work[2 * blockIdx.x], q_tile = work[2 * blockIdx.x + 1];
+    t.head = blockIdx.y;
+    t.kv_head = t.head / static_cast<int>(heads_per_kv);
+    t.q_start = cu_seqlens_q[seq];
+    t.lq = cu_seqlens_q[seq + 1] - t.q_start;
+    t.k_start = cu_seqlens_k[seq];
+    t.lk = cu_seqlens_k[seq + 1] - t.k_start;
+    t.mask = Mask{t.lk, t.lk - t.lq, static_cast<int>(window_left), static_cast<int>(window_right)};
+    t.row0 = q_tile * kTileM;
+    t.row_last = min(t.row0 + kTileM, t.lq) - 1;
+    t.n_begin = 0;
+    t.n_end = (t.lk + kTileN - 1) / kTileN;
+    if (t.mask.window_left >= 0) t.n_begin = max(0, t.row0 + t.mask.offset - t.mask.window_left) / kTileN;
+    if (t.mask.window_right >= 0) {
+        const int last_key = t.row_last + t.mask.offset + t.mask.window_right;
+        t.n_end = min(t.n_end, last_key < 0 ? 0 : last_key / kTileN + 1);
+    }
+    return t;
+}
+
 // thread_row0: the thread's first row (row block 0, upper half); its others are 8 and 16 apart.
 __device__ __forceinline__ void mask_scores(Scores& s, const Mask& mask, int key0, int thread_row0, int quad_col) {
 #pragma unroll

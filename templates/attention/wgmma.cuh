@@ -124,23 +124,8 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
     }
     __syncthreads();
 
-    const int seq = work[2 * blockIdx.x], q_tile = work[2 * blockIdx.x + 1];
-    const int head = blockIdx.y;
-    const int kv_head = head / static_cast<int>(heads_per_kv);
-    const int q_start = cu_seqlens_q[seq], lq = cu_seqlens_q[seq + 1] - q_start;
-    const int k_start = cu_seqlens_k[seq], lk = cu_seqlens_k[seq + 1] - k_start;
-    const Mask mask{lk, lk - lq, static_cast<int>(window_left_), static_cast<int>(window_right_)};
-    const int row0 = q_tile * kTileM;
-    const int row_last = min(row0 + kTileM, lq) - 1;
-
-    // Key tiles holding at least one key some row of this tile may attend.
-    int n_begin = 0, n_end = (lk + kTileN - 1) / kTileN;
-    if (mask.window_left >= 0) n_begin = max(0, row0 + mask.offset - mask.window_left) / kTileN;
-    if (mask.window_right >= 0) {
-        const int last_key = row_last + mask.offset + mask.window_right;
-        n_end = min(n_end, last_key < 0 ? 0 : last_key / kTileN + 1);
-    }
-    const int num_tiles = max(n_end - n_begin, 0);
+    const TileWork tile = tile_work(work, cu_seqlens_q, cu_seqlens_k, heads_per_kv, window_left_, window_right_);
+    const int num_tiles = max(tile.n_end - tile.n_begin, 0);
     const int warp = kgen::warp_index(), lane = threadIdx.x % 32;
 
     if (warp < 4) {
@@ -149,16 +134,16 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
         if (threadIdx.x == 0 && num_tiles > 0) {
             const unsigned long long read_once = kgen::l2_evict_first(), read_again = kgen::l2_evict_last();
             kgen::mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
-            load_tile_tma<kTileM>(s_q, map_q, q_start + row0, head, bars.q_full(), read_once);
+            load_tile_tma<kTileM>(s_q, map_q, tile.q_start + tile.row0, tile.head, bars.q_full(), read_once);
             for (int i = 0; i < num_tiles; ++i) {
-                const int stage = stage_of(i), first_key = k_start + (n_begin + i) * kTileN;
+                const int stage = stage_of(i), first_key = tile.k_start + (tile.n_begin + i) * kTileN;
                 // A fresh barrier's previous phase counts as complete, so the first pass does not wait.
                 kgen::mbarrier_wait(bars.k_empty(stage), parity_of(i) ^ 1);
                 kgen::mbarrier_arrive_expect_tx(bars.k_full(stage), kKVTileBytes);
-                load_tile_tma<kTileN>(s_k + stage * kKVTileBytes, map_k, first_key, kv_head, bars.k_full(stage), read_again);
+                load_tile_tma<kTileN>(s_k + stage * kKVTileBytes, map_k, first_key, tile.kv_head, bars.k_full(stage), read_again);
                 kgen::mbarrier_wait(bars.v_empty(stage), parity_of(i) ^ 1);
                 kgen::mbarrier_arrive_expect_tx(bars.v_full(stage), kKVTileBytes);
-                load_tile_tma<kTileN>(s_v + stage * kKVTileBytes, map_v, first_key, kv_head, bars.v_full(stage), read_again);
+                load_tile_tma<kTileN>(s_v + stage * kKVTileBytes, map_v, first_key, tile.kv_head, bars.v_full(stage), read_again);
             }
         }
         return;
@@ -170,7 +155,7 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
     const int group = consumer_thread / kgen::kWarpgroupThreads;
     const int quad_row = lane / 4, quad_col = lane % 4;
     // This thread's rows: thread_row0 and 8 below it (wgmma's accumulator layout).
-    const int thread_row0 = row0 + 64 * group + 16 * ((consumer_thread / 32) % 4) + quad_row;
+    const int thread_row0 = tile.row0 + 64 * group + 16 * ((consumer_thread / 32) % 4) + quad_row;
     auto row_of = [&](int i) { return thread_row0 + 8 * i; };
     const unsigned q_rows = s_q + 64 * group * kSpanBytes;  // the group's rows of the first panel
 
@@ -182,12 +167,8 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
 #pragma unroll
     for (int i = 0; i < 2; ++i) state.max[i] = -kgen::inf(), state.sum[i] = 0.f;
 
-    // Mask only tiles that cross a boundary: the sequence end, or the window's edges.
     auto mask_if_crossing = [&](Scores& s, int key0) {
-        const bool crosses_end = kHasTail && key0 + kTileN > lk;
-        const bool crosses_left = mask.window_left >= 0 && key0 < row_last + mask.offset - mask.window_left;
-        const bool crosses_right = mask.window_right >= 0 && key0 + kTileN - 1 > row0 + mask.offset + mask.window_right;
-        if (crosses_end || crosses_left || crosses_right) mask_scores(s, mask, key0, thread_row0, quad_col);
+        if (tile.crosses_boundary(key0)) mask_scores(s, tile.mask, key0, thread_row0, quad_col);
     };
 
     if (num_tiles > 0) {
@@ -205,7 +186,7 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
         kgen::wgmma_wait<0>();
         kgen::fence_operands(s[0]);
         release(bars.k_empty(0), lane);
-        mask_if_crossing(s, n_begin * kTileN);
+        mask_if_crossing(s, tile.n_begin * kTileN);
         softmax_update(s, state, scale_log2, correction);  // O is still 0: no rescale
         pack_probabilities(s, p);
         for (int i = 1; i < num_tiles; ++i) {
@@ -219,7 +200,7 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
             kgen::wgmma_wait<1>();  // S of tile i has landed; P V of tile i - 1 may still run
             kgen::fence_operands(s[0]);
             release(bars.k_empty(stage), lane);
-            mask_if_crossing(s, (n_begin + i) * kTileN);
+            mask_if_crossing(s, (tile.n_begin + i) * kTileN);
             softmax_update(s, state, scale_log2, correction);
             kgen::wgmma_wait<0>();
             kgen::fence_operands(state.o[0]);
@@ -227,13 +208,13 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
             rescale_output(state, correction);
             pack_probabilities(s, p);
         }
-        const int last = num_tiles - 1, last_key0 = (n_begin + last) * kTileN;
+        const int last = num_tiles - 1, last_key0 = (tile.n_begin + last) * kTileN;
         kgen::mbarrier_wait(bars.v_full(stage_of(last)), parity_of(last));
         if constexpr (kTmaTail) {
             // Only a sequence's last key tile can be incomplete, and it is the run's last.
-            if (last_key0 + kTileN > lk) {
+            if (last_key0 + kTileN > tile.lk) {
                 clear_rows_past<kTileN, kConsumerThreads>(smem_raw + (s_v + stage_of(last) * kKVTileBytes - kgen::smem_addr(smem_raw)),
-                                                          lk - last_key0, consumer_thread);
+                                                          tile.lk - last_key0, consumer_thread);
                 kgen::fence_proxy_async_shared();  // wgmma reads through the async proxy
                 kgen::named_barrier_sync(kConsumerBarrier, kConsumerThreads);
             }
@@ -246,7 +227,7 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
         kgen::fence_operands(state.o[0]);
     }
 
-    const float sink_log2 = sink != nullptr ? sink[head] * kgen::kLog2e : -kgen::inf();
-    write_output(state, out + static_cast<long long>(q_start) * o_stride_t + head * o_stride_h,
-                 lse + head * lse_stride_h + q_start, o_stride_t, lq, sink_log2, quad_col, row_of);
+    const float sink_log2 = sink != nullptr ? sink[tile.head] * kgen::kLog2e : -kgen::inf();
+    write_output(state, out + static_cast<long long>(tile.q_start) * o_stride_t + tile.head * o_stride_h,
+                 lse + tile.head * lse_stride_h + tile.q_start, o_stride_t, tile.lq, sink_log2, quad_col, row_of);
 }

@@ -2,7 +2,7 @@
 // fp32 accumulators, 16-bit inputs. A comes from shared memory (SS form) or from registers
 // (RS form); B always from shared memory, described by a 64-bit matrix descriptor.
 //
-// Included with Jinja after common/numeric.cuh. The including template sets
+// Included with Jinja after common/numeric.cuh and common/host_contract.cuh. The including template sets
 // `wgmma_widths` (the N values it uses) and `wgmma_input` (bf16 or f16): each width gets
 // its own asm, with one "+f" operand per accumulator, generated below.
 //
@@ -58,20 +58,19 @@ __device__ __forceinline__ void wgmma_wait() {
 // A compiler-level fence on accumulators: the compiler may not move their reads or
 // writes across it, so none lands between an issue and its wait (the hardware owns
 // the registers there, and ptxas would serialise the wgmmas).
-template <int kBlocks>
-__device__ __forceinline__ void fence_operands(float (&d)[kBlocks][4]) {
+template <class E, int kBlocks>
+__device__ __forceinline__ void fence_operands(E (&d)[kBlocks][4]) {
 #pragma unroll
-    for (int j = 0; j < kBlocks; ++j)
+    for (int j = 0; j < kBlocks; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e]) :: "memory");
-}
-
-template <int kBlocks>
-__device__ __forceinline__ void fence_operands(unsigned (&a)[kBlocks][4]) {
-#pragma unroll
-    for (int j = 0; j < kBlocks; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e]) :: "memory");
+        for (int e = 0; e < 4; ++e) {
+            if constexpr (SameType<E, float>::value) {
+                asm volatile("" : "+f"(d[j][e]) :: "memory");  // fp32 accumulators
+            } else {
+                asm volatile("" : "+r"(d[j][e]) :: "memory");  // packed 16-bit A fragments
+            }
+        }
+    }
 }
 
 // ---- The products: wgmma_ss<N> (A in shared memory) and wgmma_rs<N> (A in registers) ----
