@@ -54,11 +54,16 @@ class DenseCase:
     seqlen: int
     head_dim: int
     causal: bool
+    heads_kv: int | None = None  # GQA: fewer K/V heads than query heads; None = as many
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads if self.heads_kv is None else self.heads_kv
 
     @property
     def name(self) -> str:
-        return (f"hd{self.head_dim} B{self.batch} H{self.heads} S{self.seqlen} "
-                f"{'causal' if self.causal else 'non-causal'}")
+        heads = f"H{self.heads}" if self.heads_kv is None else f"H{self.heads}/{self.heads_kv} (GQA)"
+        return f"hd{self.head_dim} B{self.batch} {heads} S{self.seqlen} {'causal' if self.causal else 'non-causal'}"
 
     @property
     def flops(self) -> int:
@@ -73,6 +78,9 @@ DENSE_CASES = [
     DenseCase(8, 16, 2048, 128, False),
     DenseCase(4, 32, 4096, 64, True),
     DenseCase(2, 16, 8192, 256, True),
+    DenseCase(1, 32, 16384, 128, True, heads_kv=8),
+    DenseCase(2, 16, 8192, 96, True),
+    DenseCase(2, 16, 8192, 192, True),
 ]
 
 
@@ -91,16 +99,27 @@ DENSE_COLUMNS: list[Column] = [
 ]
 
 
+def dense_inputs(case: DenseCase, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """SDPA's q, k, v (contiguous [B, H, S, D]) and kgen's, the same values packed as [B*S, heads, D].
+
+    Under GQA kgen reads the Hkv K/V heads, and SDPA gets them repeated to H heads (the same math, more bytes read).
+    """
+    B, H, S, D, Hkv = case.batch, case.heads, case.seqlen, case.head_dim, case.kv_heads
+    q = torch.randn((B, H, S, D), generator=gen, device=DEVICE, dtype=DTYPE)
+    k_kv, v_kv = (torch.randn((B, Hkv, S, D), generator=gen, device=DEVICE, dtype=DTYPE) for _ in range(2))
+    q_p, k_p, v_p = (t.transpose(1, 2).contiguous().view(B * S, t.shape[1], D) for t in (q, k_kv, v_kv))
+    k, v = (t.repeat_interleave(H // Hkv, dim=1) if Hkv != H else t for t in (k_kv, v_kv))
+    return q, k, v, q_p, k_p, v_p
+
+
 def measure_dense(case: DenseCase, index: int, options: argparse.Namespace) -> dict[str, Any]:
-    B, H, S, D = case.batch, case.heads, case.seqlen, case.head_dim
-    row: dict[str, Any] = {"case": case.name, "batch": B, "heads": H, "seqlen": S, "head_dim": case.head_dim,
+    B, H, S, D, Hkv = case.batch, case.heads, case.seqlen, case.head_dim, case.kv_heads
+    row: dict[str, Any] = {"case": case.name, "batch": B, "heads": H, "heads_kv": Hkv, "seqlen": S, "head_dim": case.head_dim,
                            "causal": case.causal, "dtype": DTYPE_NAME, "flops": case.flops,
                            "bar": f">= {FLASH_RATIO_BAR}"}
     notes: list[str] = []
     gen = torch.Generator(device=DEVICE).manual_seed(options.attn_seed * 1000 + index)
-    # SDPA's operands, contiguous [B, H, S, D]; kgen's hold the same values packed as [B*S, H, D].
-    q, k, v = (torch.randn((B, H, S, D), generator=gen, device=DEVICE, dtype=DTYPE) for _ in range(3))
-    q_p, k_p, v_p = (t.transpose(1, 2).contiguous().view(B * S, H, D) for t in (q, k, v))
+    q, k, v, q_p, k_p, v_p = dense_inputs(case, gen)
     cu_host = [i * S for i in range(B + 1)]
     cu = torch.tensor(cu_host, dtype=torch.int32, device=DEVICE)
 

@@ -18,7 +18,7 @@ import torch
 
 from common import default_out_dir, environment, markdown_table, time_cuda, write_results
 from attention_common import DEVICE, DTYPE, DTYPE_NAME, family, sdpa, sdpa_backends
-from bench_attention import DENSE_CASES
+from bench_attention import DENSE_CASES, dense_inputs
 from kgen.ops import attention_varlen, plan_attention_varlen
 
 NAME = "bench_attention_shapes"
@@ -43,10 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     rows = []
     for index, case in enumerate(DENSE_CASES):
-        B, H, S, D = case.batch, case.heads, case.seqlen, case.head_dim
+        B, S, D = case.batch, case.seqlen, case.head_dim
         gen = torch.Generator(device=DEVICE).manual_seed(index)
-        q, k, v = (torch.randn((B, H, S, D), generator=gen, device=DEVICE, dtype=DTYPE) for _ in range(3))
-        q_p, k_p, v_p = (t.transpose(1, 2).contiguous().view(B * S, H, D) for t in (q, k, v))
+        q, k, v, q_p, k_p, v_p = dense_inputs(case, gen)
         cu_host = [i * S for i in range(B + 1)]
         cu = torch.tensor(cu_host, dtype=torch.int32, device=DEVICE)
         cudnn_ms = time_cuda(lambda: sdpa(sdpa_backends()["cudnn"], q, k, v, case.causal))

@@ -1,4 +1,5 @@
-"""Every kgen GPU benchmark in one process: machinery, host cost, merge bandwidth, attention, the sweep; a summary last.
+"""Every kgen GPU benchmark in one process: machinery, host cost, merge bandwidth, attention, the sweep, the
+kernels per sweep length; a summary last.
 
 Writes into ``--out`` (default ``$OUT``, else ``bench/results/latest``): each
 benchmark's ``*.json`` and ``*.md``, ``summary.json``, ``SUMMARY.md`` and
@@ -22,6 +23,7 @@ from typing import Any, Callable, TextIO
 import common
 import attention_common
 import bench_attention
+import bench_attention_kernels
 import bench_attention_sweep
 import bench_host
 import bench_machinery
@@ -33,6 +35,7 @@ BENCHMARKS: list[tuple[str, Callable[[Path, argparse.Namespace], list[dict[str, 
     ("merge", bench_merge_states.run),
     ("attention", bench_attention.run),
     ("attention sweep", bench_attention_sweep.run),
+    ("attention kernels", bench_attention_kernels.run),
 ]
 
 

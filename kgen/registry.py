@@ -42,7 +42,12 @@ class SpecPathError(FileNotFoundError, ValueError):
 
 
 #: Family-wide keys: the file naming the template sets them, another may only repeat them.
-_FAMILY_KEYS = ("entries", "allow_spills", "min_sm", "sm_only", "defaults")
+_FAMILY_KEYS = ("entries", "allow_spills", "min_sm", "sm_only", "score_cost", "defaults")
+
+
+def _yaml_spelling(value: Any) -> str:
+    """An axis value as the family-wide tables key it: as YAML spells it (``true``, ``wgmma``, ``128``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,14 @@ class Variant:
         """Whether this variant runs on arch ``sm`` (``90`` for sm_90a): its family's ``min_sm`` and ``sm_only`` allow it."""
         return self.arch_refusal(sm) is None
 
+    @property
+    def score_cost(self) -> float:
+        """The cost of a unit of this variant's work relative to others, by its spec's ``score_cost`` (1 by default)."""
+        cost = 1.0
+        for axis, table in self.family.score_cost.items():
+            cost *= table.get(_yaml_spelling(self.param_dict.get(axis)), 1.0)
+        return cost
+
     def arch_refusal(self, sm: int) -> str | None:
         """Why this variant cannot run on arch ``sm``, as the spec says it; None if it can."""
         family = self.family
@@ -72,7 +85,7 @@ class Variant:
             return f"need sm_{family.min_sm} or newer (min_sm in its spec)"
         for axis, table in family.sm_only.items():
             value = self.param_dict.get(axis)
-            only = table.get(str(value).lower() if isinstance(value, bool) else str(value))
+            only = table.get(_yaml_spelling(value))
             if only is not None and sm not in only:
                 return f"with {axis}={value} run on {', '.join(f'sm_{n}' for n in only)} only (sm_only in its spec)"
         return None
@@ -95,6 +108,8 @@ class Family:
     config_axes: tuple[str, ...] = ()
     #: Axis values that run on some archs alone (see ``sm_only`` in kgen.spec_schema).
     sm_only: dict = field(default_factory=dict)
+    #: Cost factors of axis values for planners (see ``score_cost`` in kgen.spec_schema).
+    score_cost: dict = field(default_factory=dict)
 
     def axis_values(self, axis: str, **fixed: Any) -> list:
         """The values of ``axis`` over the variants that agree with ``fixed``, in search-path and spec order."""
@@ -213,6 +228,7 @@ class Registry:
             template_dirs=(owner.path.parent, config.BUILTIN_TEMPLATE_DIR),
             allow_spills=owner.allow_spills, axes=tuple(owner.axes), defaults=owner.defaults,
             min_sm=owner.min_sm, config_axes=owner.config_axes, sm_only=owner.sm_only,
+            score_cost=owner.score_cost,
         )
         seen = set()
         for spec in specs:

@@ -57,6 +57,8 @@ class SpecFile:
     min_sm: int | None
     #: Axis -> value (as spelled in YAML, a string) -> the only archs it runs on: ``{"mma": {"wgmma": (90,)}}``.
     sm_only: dict[str, dict[str, tuple[int, ...]]]
+    #: Axis -> value (as spelled in YAML, a string) -> its cost factor for planners: ``{"mma": {"mma_sync": 1.25}}``.
+    score_cost: dict[str, dict[str, float]]
     #: Every axis and its values: the axes the configs set, then the ``axes`` lists.
     axes: dict[str, tuple]
     #: The axes each config sets, in the first config's order; empty without configs.
@@ -335,6 +337,8 @@ def load_spec_file(path: Path | str) -> SpecFile:
         min_sm=data.get("min_sm"),
         sm_only={axis: {str(value): tuple(sms) for value, sms in table.items()}
                  for axis, table in data.get("sm_only", {}).items()},
+        score_cost={axis: {str(value): float(cost) for value, cost in table.items()}
+                    for axis, table in data.get("score_cost", {}).items()},
         axes={k: tuple(v) for k, v in _axis_values(data).items()},
         config_axes=tuple(configs[0]) if configs else (),
         defaults=dict(data.get("defaults", {})),

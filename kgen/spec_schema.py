@@ -21,6 +21,13 @@ Top-level keys besides the variant space:
     GPUs have. ``kgen build`` skips those variants for other archs, and ops do not
     choose them there. Family-wide, like ``min_sm``.
 
+``score_cost`` (optional: axis -> value -> positive number)
+    How much more a unit of work costs with that axis value, for an op's planner
+    that weighs variants by the work each would do: ``score_cost: {mma: {mma_sync:
+    1.25}}`` says a score computed by the mma.sync kernel costs 1.25 of one by
+    another (measured, see the spec's comment). A variant's cost is the product
+    over its axis values, 1 for values not listed. Family-wide, like ``min_sm``.
+
 A family declares at most :data:`MAX_VARIANTS` variants: each file's cross
 product (the axis sizes multiplied, times the number of configs, counted
 before exclusions) and the family's pooled variants after merging files. The
@@ -96,6 +103,14 @@ SPEC_SCHEMA: dict = {
                 "type": "object", "minProperties": 1,
                 "additionalProperties": {"type": "array", "minItems": 1, "uniqueItems": True,
                                          "items": {"type": "integer", "minimum": 50, "maximum": 999}},
+            },
+        },
+        "score_cost": {
+            "type": "object",
+            "propertyNames": {"enum": list(AXIS_VALUE_SCHEMAS)},
+            "additionalProperties": {
+                "type": "object", "minProperties": 1,
+                "additionalProperties": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000},
             },
         },
         "axes": {

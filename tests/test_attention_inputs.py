@@ -1,5 +1,7 @@
 """attention_varlen and its planner on the host: variant choice and input checks, no GPU needed."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -73,9 +75,10 @@ def test_long_sequences_take_the_first_tile_shape_and_short_ones_the_smallest(he
     assert short.has_incomplete_tile and short.variant.param_dict["has_incomplete_tile"] is True
 
 
-@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+@pytest.mark.parametrize("head_dim", registry.current().family("attention_prefill").supported("head_dim"))
 def test_every_tile_shape_has_its_no_tail_twin_for_full_batches(head_dim):
-    step = 4 * 128  # a multiple of every tile size
+    candidates = attention._tile_candidates(head_dim, torch.bfloat16, None, None, 90)
+    step = math.lcm(*(v.param_dict[t] for v in candidates for t in ("tile_m", "tile_n")))  # every tile is whole
     for tile_m in tile_heights(head_dim):
         plan = plan_attention_varlen([0, step, 3 * step], [0, step, 3 * step], head_dim=head_dim, device="cpu",
                                      tile_m=tile_m)

@@ -459,6 +459,31 @@ def test_a_variant_supports_an_arch_at_or_above_its_familys_min_sm(min_sm, sm):
     assert variant.supports_sm(sm) is (min_sm is None or sm >= min_sm)
 
 
+def test_a_variants_score_cost_is_the_product_of_its_axis_values_factors(tmp_path):
+    folder = make_folder(tmp_path, "specs", {"demo.yaml": OWNER_WITH_CONFIGS.replace(
+        "min_sm: 90\n", "min_sm: 90\nscore_cost:\n  tile_m: {64: 1.5}\n  dtype: {fp16: 2, bf16: 1}\n")})
+    family = Registry([folder]).family("demo")
+    costs = {(p["tile_m"], p["dtype"]): v.score_cost for v in family.variants for p in [v.param_dict]}
+    assert costs == {(128, "bf16"): 1.0, (128, "fp16"): 2.0, (64, "bf16"): 1.5, (64, "fp16"): 3.0}
+    plain = Registry([make_folder(tmp_path, "plain", {"demo.yaml": OWNER_WITH_CONFIGS})]).family("demo")
+    assert {v.score_cost for v in plain.variants} == {1.0}
+
+
+@pytest.mark.parametrize("table", ["{tile_m: {64: 0}}", "{tile_m: {64: -1}}", "{tile_m: {64: fast}}",
+                                   "{tile_ms: {64: 2}}", "{tile_m: {}}"])
+def test_a_bad_score_cost_is_a_spec_error(tmp_path, table):
+    folder = make_folder(tmp_path, "specs", {"demo.yaml": OWNER_WITH_CONFIGS.replace(
+        "min_sm: 90\n", f"min_sm: 90\nscore_cost: {table}\n")})
+    with pytest.raises(SpecError, match="score_cost"):
+        Registry([folder])
+
+
+def test_the_builtin_prefill_spec_costs_mma_sync_scores_more():
+    family = registry.current().family("attention_prefill")
+    costs = {v.param_dict["mma"]: v.score_cost for v in family.variants}
+    assert costs["wgmma"] == 1.0 and costs["mma_sync"] > 1.0
+
+
 # --------------------------------------------------------------------------- files of a family must agree
 
 ADD_CONFIG = """

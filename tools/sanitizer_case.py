@@ -8,21 +8,26 @@ whole tiles), neighbours poisoned with NaN/Inf, and both merge kernels.
 
 import torch
 
+from kgen import registry
 from kgen.ops import attention_varlen, merge_attention_states, merge_attention_states_n, plan_attention_varlen
 
 
 def main() -> None:
     torch.manual_seed(0)
+    family = registry.current().family("attention_prefill")
     for lengths in ([63, 65, 200, 1], [128, 256]):
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
         total = cu[-1].item()
-        for head_dim in (64, 128, 256):
+        # 96 spans one and a half swizzle panels (wgmma only); 192 three.
+        for head_dim in (64, 96, 128, 192, 256):
             q = torch.randn((total, 4, head_dim), device="cuda", dtype=torch.bfloat16)
             k, v = (torch.randn((total, 2, head_dim), device="cuda", dtype=torch.bfloat16) for _ in range(2))
             k[cu[1]:cu[2]] = float("nan")
             v[cu[1]:cu[2]] = float("inf")
-            # Each kernel (wgmma takes tails by TMA only) with each tail policy it has.
-            for mma, tail in (("wgmma", "tma"), ("mma_sync", "tma"), ("mma_sync", "cp_async")):
+            # Each kernel the spec has for the head dim, with each tail policy it has (wgmma: TMA only).
+            kernels = [(mma, tail) for mma in family.axis_values("mma", head_dim=head_dim)
+                       for tail in family.axis_values("tail", head_dim=head_dim, mma=mma)]
+            for mma, tail in kernels:
                 plan = plan_attention_varlen(cu, cu, head_dim=head_dim, causal=True, tail=tail, mma=mma)
                 out = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan)
                 first = out[:lengths[0]]

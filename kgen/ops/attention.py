@@ -102,7 +102,7 @@ def _tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m
                      mma: str | None = None, tile_n: int | None = None) -> list[Variant]:
     """The with-tail variant of each tile shape the spec offers for this call on arch ``sm``, in its order of
     preference (on sm_90 wgmma's shapes, then mma_sync's, which wins short sequences by computing fewer
-    padded scores in its smaller tiles: see choose_schedule)."""
+    padded scores in its smaller tiles, though at a higher cost per score: see choose_schedule)."""
     wanted = {"tail": tail} if tail is not None else {}
     if tile_m is not None:
         wanted["tile_m"] = tile_m
@@ -153,7 +153,7 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     candidates = _tile_candidates(head_dim, dtype, tail, tile_m, planning_sm(device), mma, tile_n)
     schedules = [plan_tiles(seqlens_q, seqlens_k, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"],
                             causal=causal, window=window) for v in candidates]
-    chosen = choose_schedule(schedules)
+    chosen = choose_schedule(schedules, [v.score_cost for v in candidates])
     with_tail, schedule = candidates[chosen], schedules[chosen]
     variant = with_tail if schedule.has_incomplete_tile else without_tail(FAMILY, with_tail)
     work = torch.from_numpy(schedule.work)
@@ -230,7 +230,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             plans for itself, which copies cu_seqlens to the host: a device synchronisation,
             and not capturable in a CUDA graph.
         out, lse_out: optional preallocated results (contiguous ``[total_q, Hq, D]`` in q's
-            dtype, and fp32 ``[Hq, total_q]``).
+            dtype, 16-byte aligned, and fp32 ``[Hq, total_q]``).
 
     Returns:
         ``out`` ``[total_q, Hq, D]`` in q's dtype, or ``(out, lse)``. Rows with no key to
@@ -241,7 +241,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     # a model. Anything unusual (no plan, options of unusual types) takes the checks every time.
     key = _call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, causal, window, softmax_scale)
     prepared = plan._prepared.get(key) if key is not None and isinstance(plan, AttentionPlan) else None
-    if prepared is None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15 or (out is not None and out.data_ptr() & 3):
+    if prepared is None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15 or (out is not None and out.data_ptr() & 15):
         prepared = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_scale, plan,
                             out, lse_out)
         if key is not None and plan is not None:
@@ -274,9 +274,9 @@ def _call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, causal, w
 class _PreparedCall:
     """A checked call's launch: everything but the addresses, and the tensor maps to patch with them."""
 
-    def __init__(self, device_index, launcher, grid, maps, work, tail_args, out_shape, lse_shape):
+    def __init__(self, device_index, launcher, grid, maps, map_roles, work, tail_args, out_shape, lse_shape):
         self.device_index, self.launcher, self.grid, self.maps, self.work = device_index, launcher, grid, maps, work
-        self.tail_args, self.out_shape, self.lse_shape = tail_args, out_shape, lse_shape
+        self.map_roles, self.tail_args, self.out_shape, self.lse_shape = map_roles, tail_args, out_shape, lse_shape
 
     def run(self, *args):
         # Descriptors are built and patched on the tensors' device, which need not be the current one.
@@ -289,8 +289,8 @@ class _PreparedCall:
         out = q.new_empty(self.out_shape) if out is None else out
         lse = q.new_empty(self.lse_shape, dtype=torch.float32) if lse_out is None else lse_out
         if self.launcher is not None:
-            maps = self.maps
-            self.launcher(self.grid, maps.get("q", q), maps.get("k", k), maps.get("v", v),
+            maps, tensors = self.maps, {"q": q, "k": k, "v": v, "o": out}
+            self.launcher(self.grid, *(maps.get(role, tensors[role]) for role in self.map_roles),
                           q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
                           cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), self.work.data_ptr(),
                           0 if sink is None else sink.data_ptr(), *self.tail_args)
@@ -342,22 +342,26 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
 
     out_shape, lse_shape = (total_q, heads_q, head_dim), (heads_q, total_q)
     _check_result("out", out, out_shape, q.dtype, q)
-    if out is not None and out.data_ptr() % 4:  # the kernel stores pairs of elements; rechecked per call
-        raise ValueError("out: expected a 4-byte aligned data pointer")
+    if out is not None and out.data_ptr() % 16:  # TMA stores whole tiles; rechecked per call
+        raise ValueError("out: expected a 16-byte aligned data pointer")
     _check_result("lse_out", lse_out, lse_shape, torch.float32, q)
     num_work = work.shape[0]
     if not (num_work and heads_q):
-        return _PreparedCall(q.device.index, None, None, None, work, (), out_shape, lse_shape)
-    sizes = layout(plan.variant).sizes
+        return _PreparedCall(q.device.index, None, None, None, (), work, (), out_shape, lse_shape)
+    kernel = layout(plan.variant)
+    sizes = kernel.sizes
     # The kernel's row strides of out and lse are those of contiguous tensors (checked above, or new).
     tail_args = (heads_q // heads_kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                  heads_q * head_dim, head_dim, total_q, scale_log2,
                  *kernel_window(merged_window, plan.schedule.max_seqlen_q, plan.schedule.max_seqlen_k))
+    # The kernel's descriptors, map_q, map_k, ... by its parameters: q, k, v, and o where it stores O by TMA.
+    map_roles = tuple(p.name.removeprefix("map_") for p in kernel.parameters["attention_prefill"] if p.kind == "tensor_map")
+    box_rows = {"q": sizes["q_box_rows"], "k": sizes["kv_box_rows"], "v": sizes["kv_box_rows"], "o": sizes["q_box_rows"]}
     # With no keys at all no key tile is ever loaded; the parameter still needs a descriptor.
-    maps = tma.TensorMaps({"q": sizes["q_box_rows"], "k": sizes["kv_box_rows"], "v": sizes["kv_box_rows"]},
-                          sizes["box_span_bytes"], alias_of={"k": "q", "v": "q"} if not total_k else {})
-    return _PreparedCall(q.device.index, _launcher(q.device.index, plan.variant), (num_work, heads_q), maps, work,
-                         tail_args, out_shape, lse_shape)
+    maps = tma.TensorMaps({role: box_rows[role] for role in map_roles}, sizes["box_span_bytes"],
+                          alias_of={"k": "q", "v": "q"} if not total_k else {})
+    return _PreparedCall(q.device.index, _launcher(q.device.index, plan.variant), (num_work, heads_q), maps, map_roles,
+                         work, tail_args, out_shape, lse_shape)
 
 
 def kernel_window(window: tuple[int, int], max_seqlen_q: int, max_seqlen_k: int) -> tuple[int, int]:

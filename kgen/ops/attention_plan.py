@@ -167,18 +167,23 @@ def computed_scores(schedule: TileSchedule) -> int:
     return int(schedule.num_key_tiles.sum()) * schedule.tile_m * schedule.tile_n
 
 
-def choose_schedule(schedules: Sequence[TileSchedule]) -> int:
+def choose_schedule(schedules: Sequence[TileSchedule], score_costs: Sequence[float] | None = None) -> int:
     """Index into ``schedules`` (one per tile shape, in the spec's order of preference) of the one to run.
 
-    The first wins unless it computes over :data:`WORK_TOLERANCE` more scores than the
-    schedule that computes fewest: large tiles waste rows past a short sequence's end
-    and, under a causal mask, half of every diagonal tile, so short sequences (a
-    256-token causal prompt in 128x128 tiles) take smaller tiles, while long ones keep
+    The work of a schedule is its computed scores times its kernel's cost per score
+    (``score_costs``, one per schedule, from the spec's ``score_cost``; 1 each by
+    default). The first wins unless its work exceeds the least by over
+    :data:`WORK_TOLERANCE`: large tiles waste rows past a short sequence's end and,
+    under a causal mask, half of every diagonal tile, so short sequences (a
+    64-token causal prompt in 128x128 tiles) take smaller tiles, while long ones keep
     the faster large tiles.
     """
     if not schedules:
         raise ValueError("schedules: expected at least one tile schedule")
-    scores = [computed_scores(s) for s in schedules]
+    costs = [1.0] * len(schedules) if score_costs is None else list(score_costs)
+    if len(costs) != len(schedules) or not all(c > 0 for c in costs):
+        raise ValueError(f"score_costs: expected {len(schedules)} positive costs, got {score_costs!r}")
+    scores = [computed_scores(s) * c for s, c in zip(schedules, costs)]
     limit = min(scores) * (1 + WORK_TOLERANCE)
     return next(i for i, n in enumerate(scores) if n <= limit)
 

@@ -8,6 +8,8 @@
 static_assert(kWarps == 4 || kWarps == 8, "attention_prefill: with mma=mma_sync, num_warps must be 4 or 8");
 static_assert(kTileM == 64 || kTileM == 128, "attention_prefill: with mma=mma_sync, tile_m must be 64 or 128");
 static_assert(kTileN == 32 || kTileN == 64 || kTileN == 128, "attention_prefill: with mma=mma_sync, tile_n must be 32, 64 or 128");
+static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
+              "attention_prefill: with mma=mma_sync, head_dim must be 32, 64, 128 or 256 (a power of two of whole swizzle spans)");
 static_assert(kTileN * kRowChunks % kThreads == 0,
               "attention_prefill: tile_n rows of 16-byte chunks must split evenly over the threads");
 static_assert(kTileM % (16 * kWarps) == 0,
@@ -235,7 +237,8 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
     if constexpr (kCpAsyncTail) kgen::cp_async_wait<0>();
 
     const float sink_log2 = sink != nullptr ? sink[tile.head] * kgen::kLog2e : -kgen::inf();
-    write_output(state, out + static_cast<long long>(tile.q_start) * o_stride_t + tile.head * o_stride_h,
-                 lse + tile.head * lse_stride_h + tile.q_start, o_stride_t, tile.lq, sink_log2, quad_col, row_of);
+    T* const out_head = out + static_cast<long long>(tile.q_start) * o_stride_t + tile.head * o_stride_h + 2 * quad_col;
+    write_output(state, lse + tile.head * lse_stride_h + tile.q_start, tile.lq, sink_log2, quad_col, row_of,
+                 [&](int row, int db, unsigned pair) { *reinterpret_cast<unsigned*>(out_head + row * o_stride_t + db * 8) = pair; });
 }
 

@@ -182,10 +182,13 @@ __device__ __forceinline__ void pack_probabilities(const Scores& s, Probabilitie
     }
 }
 
-// Fold in the sink, normalise, store O (packed pairs) and the natural-log LSE of the rows inside the sequence.
-template <class RowOf>
-__device__ __forceinline__ void write_output(const RowState& state, T* out_head, float* lse_head, long long o_stride_t,
-                                             int lq, float sink_log2, int quad_col, RowOf row_of) {
+// Fold in the sink, normalise, and store O and the natural-log LSE of the rows inside the sequence.
+// store_pair(row, db, pair) puts the thread's two packed elements of row `row` (of the sequence)
+// and column block db (8 columns, the pair at 2 * quad_col) where O goes: global memory, or a
+// shared-memory tile for a TMA store.
+template <class RowOf, class StorePair>
+__device__ __forceinline__ void write_output(const RowState& state, float* lse_head, int lq, float sink_log2,
+                                             int quad_col, RowOf row_of, StorePair store_pair) {
 #pragma unroll
     for (int i = 0; i < 2 * kRowBlocks; ++i) {
         float total = state.sum[i];
@@ -199,12 +202,10 @@ __device__ __forceinline__ void write_output(const RowState& state, T* out_head,
         const float o_scale = denominator > 0.f ? __fdividef(exp2f(state.max[i] - base), denominator) : 0.f;
         const int row = row_of(i);
         if (kHasTail && row >= lq) continue;
-        T* dst = out_head + row * o_stride_t + 2 * quad_col;
         const float (&acc)[kHeadDim / 8][4] = state.o[i / 2];
 #pragma unroll
         for (int db = 0; db < kHeadDim / 8; ++db) {
-            *reinterpret_cast<unsigned*>(dst + db * 8) =
-                kgen::pack2<T>(acc[db][2 * (i % 2)] * o_scale, acc[db][2 * (i % 2) + 1] * o_scale);
+            store_pair(row, db, kgen::pack2<T>(acc[db][2 * (i % 2)] * o_scale, acc[db][2 * (i % 2) + 1] * o_scale));
         }
         if (quad_col == 0) lse_head[row] = denominator > 0.f ? (base + log2f(denominator)) * kLn2 : -kgen::inf();
     }

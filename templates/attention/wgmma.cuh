@@ -17,7 +17,7 @@ static_assert(kWarps == kTileM / 16,
 static_assert({{ min_blocks_per_sm }} == 1,
               "attention_prefill: with mma=wgmma, min_blocks_per_sm must be 1 (setmaxnreg needs one block per SM)");
 static_assert(kSpanBytes == 128,
-              "attention_prefill: with mma=wgmma, head_dim must be a multiple of 64 (whole 128-byte swizzle panels)");
+              "attention_prefill: with mma=wgmma, head_dim must be at least 64 (128-byte swizzle panels)");
 static_assert(!kCpAsyncTail, "attention_prefill: with mma=wgmma, tail must be tma");
 
 // Registers per thread after the split: the producer needs few, the consumers hold S, P and O.
@@ -98,7 +98,8 @@ __device__ __forceinline__ void issue_pv(RowState& state, Probabilities& p, unsi
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __grid_constant__ kgen::TmaDescriptor map_k,
-                  const __grid_constant__ kgen::TmaDescriptor map_v, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                  const __grid_constant__ kgen::TmaDescriptor map_v, const __grid_constant__ kgen::TmaDescriptor map_o,
+                  const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                   T* __restrict__ out, float* __restrict__ lse,
                   const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
                   const int* __restrict__ work, const float* __restrict__ sink,
@@ -228,6 +229,28 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
     }
 
     const float sink_log2 = sink != nullptr ? sink[tile.head] * kgen::kLog2e : -kgen::inf();
-    write_output(state, out + static_cast<long long>(tile.q_start) * o_stride_t + tile.head * o_stride_h,
-                 lse + tile.head * lse_stride_h + tile.q_start, o_stride_t, tile.lq, sink_log2, quad_col, row_of);
+    float* const lse_head = lse + tile.head * lse_stride_h + tile.q_start;
+    if (kHasTail && tile.row0 + kTileM > tile.lq) {
+        // The tail tile: predicated stores of the rows inside the sequence, never the next one's.
+        T* const out_head = out + static_cast<long long>(tile.q_start) * o_stride_t + tile.head * o_stride_h + 2 * quad_col;
+        write_output(state, lse_head, tile.lq, sink_log2, quad_col, row_of,
+                     [&](int row, int db, unsigned pair) { *reinterpret_cast<unsigned*>(out_head + row * o_stride_t + db * 8) = pair; });
+        return;
+    }
+    // A full tile: O goes through shared memory (the Q buffer, whose last reader, this group's last
+    // S, is done; each group writes only its own rows) and out by one TMA store per column block.
+    unsigned char* const o_tile = smem_raw + (s_q - kgen::smem_addr(smem_raw));
+    write_output(state, lse_head, tile.lq, sink_log2, quad_col, row_of, [&](int row, int db, unsigned pair) {
+        *reinterpret_cast<unsigned*>(o_tile + chunk_offset<kTileM>(row - tile.row0, db) + 4 * quad_col) = pair;
+    });
+    kgen::fence_proxy_async_shared();  // the TMA store reads through the async proxy
+    kgen::named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+    if (consumer_thread == 0) {
+#pragma unroll
+        for (int b = 0; b < kSpans; ++b) {
+            kgen::tma_store_3d(&map_o, s_q + b * kTileM * kSpanBytes, b * kSpanCols, tile.head, tile.q_start + tile.row0);
+        }
+        kgen::tma_store_commit();
+        kgen::tma_store_wait_read();  // the block's shared memory must outlive the store's reads
+    }
 }
