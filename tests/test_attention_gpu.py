@@ -38,6 +38,14 @@ def kernels() -> list[tuple[str | None, int, int | None, str]]:
     return listed + [(None, d, None, t) for d, t in sorted({(d, t) for _, d, _, t in listed})]
 
 
+def whole_tile_length(kernel) -> int:
+    """The shortest length that is whole query and key tiles of every shape the kernel (or the planner) may run."""
+    mma, head_dim, tile_m, _ = kernel
+    variants = [v.param_dict for v in registry.current().family("attention_prefill").variants]
+    return math.lcm(*(p[t] for p in variants for t in ("tile_m", "tile_n")
+                      if p["head_dim"] == head_dim and mma in (None, p["mma"]) and tile_m in (None, p["tile_m"])))
+
+
 def kernel_id(kernel) -> str:
     return "{}-hd{}-m{}-{}".format(*kernel)
 
@@ -181,8 +189,9 @@ def test_long_sequences(length, causal, kernel):
 @pytest.mark.parametrize("kernel", [k for k in kernels() if k[2] is not None], ids=kernel_id)
 def test_every_no_tail_kernel_on_full_tiles(causal, kernel):
     mma, head_dim, tile_m, tail = kernel
-    lengths = [512, 256, 1024]  # whole tiles of every shape, so the has_incomplete_tile=false twin runs
-    cu = [0, 512, 768, 1792]
+    unit = whole_tile_length(kernel)
+    lengths = [2 * unit, unit, 4 * unit]  # whole tiles, so the has_incomplete_tile=false twin runs
+    cu = [0, 2 * unit, 3 * unit, 7 * unit]
     plan = plan_attention_varlen(cu, cu, head_dim=head_dim, causal=causal, tail=tail, tile_m=tile_m, mma=mma)
     assert plan.variant.param_dict["has_incomplete_tile"] is False
     run_case(lengths, lengths, 2, 2, head_dim, torch.float16, causal, (-1, -1), True, seed=tile_m + head_dim,
@@ -196,7 +205,8 @@ def test_poisoned_neighbours_never_reach_a_sequence(kernel, causal, full_tiles):
     """The issue's batch (lengths 63, 65, 200, 1, the second poisoned), and a batch of whole tiles
     (the has_incomplete_tile=false variant), for every kernel and tail policy."""
     mma, head_dim, tile_m, tail = kernel
-    lengths = [256, 512, 128, 256] if full_tiles else [63, 65, 200, 1]
+    unit = whole_tile_length(kernel)
+    lengths = [unit, 2 * unit, unit, unit] if full_tiles else [63, 65, 200, 1]
     for poisoned in (1, 2):
         run_case(lengths, lengths, 2, 2, head_dim, torch.bfloat16, causal, (-1, -1), False, seed=head_dim + poisoned,
                  tail=tail, tile_m=tile_m, poisoned=poisoned, mma=mma)

@@ -20,11 +20,18 @@ static_assert(kSpanBytes == 128,
               "attention_prefill: with mma=wgmma, head_dim must be at least 64 (128-byte swizzle panels)");
 static_assert(!kCpAsyncTail, "attention_prefill: with mma=wgmma, tail must be tma");
 
+
 // Registers per thread after the split: the producer needs few, the consumers hold S, P and O.
 constexpr int kProducerRegisters = kConsumerGroups == 3 ? 32 : 24;
 constexpr int kConsumerRegisters = kConsumerGroups == 3 ? 160 : 240;
 static_assert(kgen::kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * kConsumerRegisters) <= 65536,
               "the register budgets exceed the register file");
+// A consumer thread holds S (tile_n / 2 fp32), P (tile_n / 4) and O (head_dim / 2) for its 64-row
+// group, and about 32 more registers of addresses and row state; past its budget ptxas gives up
+// (or serialises wgmma), so such shapes are refused here with their axes named.
+static_assert(kTileN * 3 / 4 + kHeadDim / 2 + 32 <= kConsumerRegisters,
+              "attention_prefill: with mma=wgmma, tile_n and head_dim are too large for the consumer registers of "
+              "this tile_m (S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 32 of 240, or of 160 at tile_m 192)");
 constexpr int kConsumerWarps = kConsumerThreads / 32;
 constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads')
 // Pingpong (two consumer warpgroups, head dims up to 128, as FlashAttention-3): the groups
