@@ -237,27 +237,33 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
 
     const float sink_log2 = sink != nullptr ? sink[tile.head] * kgen::kLog2e : -kgen::inf();
     float* const lse_head = lse + tile.head * lse_stride_h + tile.q_start;
-    if (kHasTail && tile.row0 + kTileM > tile.lq) {
-        // The tail tile: predicated stores of the rows inside the sequence, never the next one's.
-        T* const out_head = out + static_cast<long long>(tile.q_start) * o_stride_t + tile.head * o_stride_h + 2 * quad_col;
-        write_output(state, lse_head, tile.lq, sink_log2, quad_col, row_of,
-                     [&](int row, int db, unsigned pair) { *reinterpret_cast<unsigned*>(out_head + row * o_stride_t + db * 8) = pair; });
-        return;
-    }
-    // A full tile: O goes through shared memory (the Q buffer, whose last reader, this group's last
-    // S, is done; each group writes only its own rows) and out by one TMA store per column block.
+    // O goes through shared memory: into the Q buffer, whose last reader (this group's last S) is
+    // done, each group writing only its own rows.
     unsigned char* const o_tile = smem_raw + (s_q - kgen::smem_addr(smem_raw));
     write_output(state, lse_head, tile.lq, sink_log2, quad_col, row_of, [&](int row, int db, unsigned pair) {
         *reinterpret_cast<unsigned*>(o_tile + chunk_offset<kTileM>(row - tile.row0, db) + 4 * quad_col) = pair;
     });
-    kgen::fence_proxy_async_shared();  // the TMA store reads through the async proxy
+    const bool full_tile = !kHasTail || tile.row0 + kTileM <= tile.lq;
+    if (full_tile) kgen::fence_proxy_async_shared();  // the TMA store reads through the async proxy
     kgen::named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-    if (consumer_thread == 0) {
+    if (full_tile) {
+        // Out by one TMA store per column block.
+        if (consumer_thread == 0) {
 #pragma unroll
-        for (int b = 0; b < kSpans; ++b) {
-            kgen::tma_store_3d(&map_o, s_q + b * kTileM * kSpanBytes, b * kSpanCols, tile.head, tile.q_start + tile.row0);
+            for (int b = 0; b < kSpans; ++b) {
+                kgen::tma_store_3d(&map_o, s_q + b * kTileM * kSpanBytes, b * kSpanCols, tile.head, tile.q_start + tile.row0);
+            }
+            kgen::tma_store_commit();
+            kgen::tma_store_wait_read();  // the block's shared memory must outlive the store's reads
         }
-        kgen::tma_store_commit();
-        kgen::tma_store_wait_read();  // the block's shared memory must outlive the store's reads
+        return;
     }
+    // The tail tile: the rows inside the sequence, 16 bytes a thread at a time, never the next sequence's.
+    T* const out_tile = out + static_cast<long long>(tile.q_start + tile.row0) * o_stride_t + tile.head * o_stride_h;
+    for (int idx = consumer_thread; idx < (tile.lq - tile.row0) * kRowChunks; idx += kConsumerThreads) {
+        const int row = idx / kRowChunks, chunk = idx % kRowChunks;
+        *reinterpret_cast<uint4*>(out_tile + row * o_stride_t + chunk * 8) =
+            *reinterpret_cast<const uint4*>(o_tile + chunk_offset<kTileM>(row, chunk));
+    }
+
 }
