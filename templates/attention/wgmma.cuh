@@ -243,11 +243,10 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
     write_output(state, lse_head, tile.lq, sink_log2, quad_col, row_of, [&](int row, int db, unsigned pair) {
         *reinterpret_cast<unsigned*>(o_tile + chunk_offset<kTileM>(row - tile.row0, db) + 4 * quad_col) = pair;
     });
-    const bool full_tile = !kHasTail || tile.row0 + kTileM <= tile.lq;
-    if (full_tile) kgen::fence_proxy_async_shared();  // the TMA store reads through the async proxy
-    kgen::named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-    if (full_tile) {
-        // Out by one TMA store per column block.
+    if (!kHasTail || tile.row0 + kTileM <= tile.lq) {
+        // A full tile: out by one TMA store per column block, once every consumer has written its rows.
+        kgen::fence_proxy_async_shared();  // the TMA store reads through the async proxy
+        kgen::named_barrier_sync(kConsumerBarrier, kConsumerThreads);
         if (consumer_thread == 0) {
 #pragma unroll
             for (int b = 0; b < kSpans; ++b) {
@@ -258,12 +257,16 @@ attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __gri
         }
         return;
     }
-    // The tail tile: the rows inside the sequence, 16 bytes a thread at a time, never the next sequence's.
-    T* const out_tile = out + static_cast<long long>(tile.q_start + tile.row0) * o_stride_t + tile.head * o_stride_h;
-    for (int idx = consumer_thread; idx < (tile.lq - tile.row0) * kRowChunks; idx += kConsumerThreads) {
+    // The tail tile: each warp copies out the rows it wrote (16 from warp_row0), those inside the
+    // sequence only, 16 bytes a lane at a time.
+    __syncwarp();
+    const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
+    const int rows = min(16, tile.lq - tile.row0 - warp_row0);
+    T* const out_rows = out + static_cast<long long>(tile.q_start + tile.row0 + warp_row0) * o_stride_t + tile.head * o_stride_h;
+    for (int idx = lane; idx < rows * kRowChunks; idx += 32) {
         const int row = idx / kRowChunks, chunk = idx % kRowChunks;
-        *reinterpret_cast<uint4*>(out_tile + row * o_stride_t + chunk * 8) =
-            *reinterpret_cast<const uint4*>(o_tile + chunk_offset<kTileM>(row, chunk));
+        *reinterpret_cast<uint4*>(out_rows + row * o_stride_t + chunk * 8) =
+            *reinterpret_cast<const uint4*>(o_tile + chunk_offset<kTileM>(warp_row0 + row, chunk));
     }
 
 }
