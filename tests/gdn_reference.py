@@ -1,0 +1,113 @@
+"""Float64 references for the gated delta rule (Gated DeltaNet), on the host.
+
+``recurrent`` is the definition, token by token. ``chunked`` is the chunked algebra the kernels
+compute (chunks of ``chunk`` tokens that never cross a sequence, the last one of a sequence
+possibly partial); the tests check it against ``recurrent`` before any kernel relies on it.
+
+Shapes follow fla's ``chunk_gated_delta_rule``: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g
+(natural-log gates, <= 0) and beta ``[B, T, HV]``; GVA: v-head i reads q/k head ``i // (HV // H)``.
+With ``cu_seqlens`` (B = 1) the batch is packed and each sequence starts from its own state.
+States are ``[N, HV, K, V]`` (``"kv"``) or ``[N, HV, V, K]`` (``"vk"``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: fla's epsilon in the in-kernel L2 normalisation of q and k: x / sqrt(sum(x^2) + eps).
+L2NORM_EPS = 1e-6
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def _sequences(total: int, batch: int, cu_seqlens) -> list[tuple[int, int, int]]:
+    """(batch index, first token, end) of every sequence."""
+    if cu_seqlens is None:
+        return [(b, 0, total) for b in range(batch)]
+    cu = [int(x) for x in cu_seqlens]
+    return [(0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
+
+
+def _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm, state_layout):
+    q, k, v, g, beta = (t.double() for t in (q, k, v, g, beta))
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    heads, heads_v, dk = q.shape[2], v.shape[2], q.shape[3]
+    group = heads_v // heads
+    # Each v-head's q and k (GVA): [B, T, HV, K].
+    q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+    scale = dk ** -0.5 if scale is None else scale
+    seqs = _sequences(q.shape[1], q.shape[0], cu_seqlens)
+    states = []
+    for n in range(len(seqs)):
+        if initial_state is None:
+            states.append(torch.zeros(heads_v, dk, v.shape[3], dtype=torch.float64, device=q.device))
+        else:
+            s0 = initial_state[n].double()
+            states.append(s0.transpose(-1, -2).clone() if state_layout == "vk" else s0.clone())
+    return q, k, v, g, beta, scale, seqs, states
+
+
+def _finish(o, states, state_layout):
+    final = torch.stack(states) if states else None
+    if final is not None and state_layout == "vk":
+        final = final.transpose(-1, -2).contiguous()
+    return o, final
+
+
+def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, use_qk_l2norm=False,
+              state_layout="kv"):
+    """(o [B, T, HV, V], final states) in float64, one token at a time:
+    S = e^g S;  u = beta (v - S^T k);  S = S + k u^T;  o = scale S^T q."""
+    q, k, v, g, beta, scale, seqs, states = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens,
+                                                     use_qk_l2norm, state_layout)
+    o = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
+    for n, (b, start, end) in enumerate(seqs):
+        s = states[n]  # [HV, K, V]
+        for t in range(start, end):
+            s = s * torch.exp(g[b, t])[:, None, None]
+            u = beta[b, t][:, None] * (v[b, t] - torch.einsum("hkv,hk->hv", s, k[b, t]))
+            s = s + torch.einsum("hk,hv->hkv", k[b, t], u)
+            o[b, t] = scale * torch.einsum("hkv,hk->hv", s, q[b, t])
+        states[n] = s
+    return _finish(o, states, state_layout)
+
+
+def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, use_qk_l2norm=False,
+            state_layout="kv", chunk: int = 64):
+    """``recurrent``'s result by chunks, as the kernels compute it. Per chunk (Gamma: the in-chunk
+    inclusive cumsum of g; every exponent is a gate difference i >= j, or Gamma itself, so <= 0):
+        A = StrictLower(diag(beta) K K^T * e^{Gamma_i - Gamma_j}),  T = (I + A)^-1,
+        W = T diag(beta e^Gamma) K,  U = T diag(beta) V,  Vn = U - W S,
+        O = scale (diag(e^Gamma) Q S + (Q K^T * LowerIncl * e^{Gamma_i - Gamma_j}) Vn),
+        S <- e^{Gamma_last} S + K^T diag(e^{Gamma_last - Gamma}) Vn."""
+    q, k, v, g, beta, scale, seqs, states = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens,
+                                                     use_qk_l2norm, state_layout)
+    o = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
+    for n, (b, start, end) in enumerate(seqs):
+        s = states[n]
+        for c0 in range(start, end, chunk):
+            rows = slice(c0, min(c0 + chunk, end))
+            # [HV, C, ...]: heads first.
+            qc, kc, vc = (t[b, rows].transpose(0, 1) for t in (q, k, v))
+            gc, bc = g[b, rows].transpose(0, 1), beta[b, rows].transpose(0, 1)
+            gamma = gc.cumsum(-1)
+            size = gamma.shape[-1]
+            diff = gamma[:, :, None] - gamma[:, None, :]  # Gamma_i - Gamma_j
+            lower_incl = torch.ones(size, size, dtype=torch.bool, device=v.device).tril()
+            strict = lower_incl.tril(-1)
+            # Only the differences with i >= j are exponentiated; the rest would overflow.
+            decay = torch.where(lower_incl, diff, torch.zeros_like(diff)).exp() * lower_incl
+            a = bc[:, :, None] * (kc @ kc.transpose(-1, -2)) * decay * strict
+            t_inv = torch.linalg.inv(torch.eye(size, dtype=torch.float64, device=v.device) + a)
+            w = t_inv @ ((bc * gamma.exp())[:, :, None] * kc)
+            u = t_inv @ (bc[:, :, None] * vc)
+            v_new = u - w @ s
+            out = gamma.exp()[:, :, None] * (qc @ s) + ((qc @ kc.transpose(-1, -2)) * decay) @ v_new
+            o[b, rows] = (scale * out).transpose(0, 1)
+            last = gamma[:, -1]
+            s = last.exp()[:, None, None] * s + kc.transpose(-1, -2) @ ((last[:, None] - gamma).exp()[:, :, None] * v_new)
+        states[n] = s
+    return _finish(o, states, state_layout)
