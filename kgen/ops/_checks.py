@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
+import numpy as np
 import torch
+
+#: The kernels index tokens, offsets and window bounds with 32-bit integers, and
+#: cu_seqlens reach the device as int32: every length, total and window stays below this.
+INT32_LIMIT = 2**31 - 1
 
 
 def check_tensor(name: str, t, *, ndim: int, dtypes: Iterable[torch.dtype], device: torch.device | None = None) -> None:
@@ -31,3 +36,25 @@ def check_dense_rows(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
     if t.data_ptr() % 16:
         raise ValueError(f"{name}: expected a 16-byte aligned data pointer (a view with an odd offset?)")
+
+
+def check_int(name: str, value, *, minimum: int, maximum: int = INT32_LIMIT, what: str = "") -> int:
+    # bool is an int subclass, but True as a length or a window is a caller's mistake.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int{what}, got {type(value).__name__} {value!r}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name}: expected an int in [{minimum}, {maximum}]{what}, got {value}")
+    return value
+
+
+def check_seqlens(name: str, seqlens: Sequence[int]) -> np.ndarray:
+    if not isinstance(seqlens, (list, tuple)):
+        raise TypeError(f"{name}: expected a list or tuple of ints, got {type(seqlens).__name__}")
+    if not all(type(n) is int and 0 <= n <= INT32_LIMIT for n in seqlens):  # the common case, without a call per entry
+        for i, n in enumerate(seqlens):
+            check_int(f"{name}[{i}]", n, minimum=0)
+    lengths = np.array(seqlens, dtype=np.int64).reshape(-1)
+    total = int(lengths.sum())
+    if total > INT32_LIMIT:
+        raise ValueError(f"{name}: the lengths add up to {total} tokens; the kernels index at most {INT32_LIMIT}")
+    return lengths

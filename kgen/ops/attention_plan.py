@@ -23,10 +23,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from kgen.ops._checks import INT32_LIMIT, check_int, check_seqlens
+
 _CU_DTYPES = (torch.int32, torch.int64)
-#: The kernels index tokens, offsets and window bounds with 32-bit integers, and
-#: cu_seqlens reach the device as int32: every length, total and window stays below this.
-INT32_LIMIT = 2**31 - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,15 +50,6 @@ class TileSchedule:
     tile_n: int
 
 
-def _check_int(name: str, value, *, minimum: int, maximum: int = INT32_LIMIT, what: str = "") -> int:
-    # bool is an int subclass, but True as a length or a window is a caller's mistake.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int{what}, got {type(value).__name__} {value!r}")
-    if not minimum <= value <= maximum:
-        raise ValueError(f"{name}: expected an int in [{minimum}, {maximum}]{what}, got {value}")
-    return value
-
-
 def validate_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
     """The sliding window ``(left, right)`` with causality folded in: ``right = 0`` when ``causal``.
 
@@ -71,8 +61,8 @@ def validate_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise TypeError(f"window: expected a pair of ints (left, right), got {window!r}")
     unbounded = " (-1 = unbounded)"
-    left = _check_int("window[0]", window[0], minimum=-1, maximum=INT32_LIMIT, what=unbounded)
-    right = _check_int("window[1]", window[1], minimum=-1, maximum=INT32_LIMIT, what=unbounded)
+    left = check_int("window[0]", window[0], minimum=-1, maximum=INT32_LIMIT, what=unbounded)
+    right = check_int("window[1]", window[1], minimum=-1, maximum=INT32_LIMIT, what=unbounded)
     return left, 0 if causal else right
 
 
@@ -107,32 +97,19 @@ def _key_tile_bounds(first_row, lq, lk, *, tile_m: int, tile_n: int, window: tup
     return np.where(visible, first_key // tile_n, 0), np.where(visible, last_key // tile_n + 1, 0)
 
 
-def _check_seqlens(name: str, seqlens: Sequence[int]) -> np.ndarray:
-    if not isinstance(seqlens, (list, tuple)):
-        raise TypeError(f"{name}: expected a list or tuple of ints, got {type(seqlens).__name__}")
-    if not all(type(n) is int and 0 <= n <= INT32_LIMIT for n in seqlens):  # the common case, without a call per entry
-        for i, n in enumerate(seqlens):
-            _check_int(f"{name}[{i}]", n, minimum=0)
-    lengths = np.array(seqlens, dtype=np.int64).reshape(-1)
-    total = int(lengths.sum())
-    if total > INT32_LIMIT:
-        raise ValueError(f"{name}: the lengths add up to {total} tokens; the kernels index at most {INT32_LIMIT}")
-    return lengths
-
-
 def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: int, tile_n: int, causal: bool,
                window: tuple[int, int]) -> TileSchedule:
     """Every query tile of every sequence with queries, costliest first (ties by sequence, then tile)."""
-    lq = _check_seqlens("seqlens_q", seqlens_q)
-    lk = _check_seqlens("seqlens_k", seqlens_k)
+    lq = check_seqlens("seqlens_q", seqlens_q)
+    lk = check_seqlens("seqlens_k", seqlens_k)
     if len(lk) != len(lq):
         raise ValueError(f"seqlens_k: expected one length per sequence of seqlens_q ({len(lq)}), got {len(lk)}")
     longest_pair = int((lq + lk).max(initial=0))
     if longest_pair > INT32_LIMIT:  # the kernel adds a sequence's query and key positions in 32 bits
         raise ValueError(f"seqlens_q, seqlens_k: a sequence has {longest_pair} query and key tokens together; "
                          f"the kernels take at most {INT32_LIMIT}")
-    _check_int("tile_m", tile_m, minimum=1)
-    _check_int("tile_n", tile_n, minimum=1)
+    check_int("tile_m", tile_m, minimum=1)
+    check_int("tile_n", tile_n, minimum=1)
     merged = validate_window(causal, window)
 
     # One entry per query tile: its sequence, its index in the sequence, its key tiles.
