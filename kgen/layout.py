@@ -68,11 +68,9 @@ ATTENTION_BARRIER_BYTES = {"mma_sync": 64, "wgmma": 128}
 #: A warpgroup: wgmma's unit, four warps.
 WARPGROUP_THREADS = 128
 
-_ATTENTION_MAPS = {
-    "mma_sync": "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, ",
-    # wgmma also stores full tiles of O by TMA.
-    "wgmma": "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, kgen::TmaDescriptor map_o, ",
-}
+_QKV_MAPS = "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, "
+# wgmma also stores full tiles of O by TMA.
+_ATTENTION_MAPS = {"mma_sync": _QKV_MAPS, "wgmma": _QKV_MAPS + "kgen::TmaDescriptor map_o, "}
 _ATTENTION_PARAMETERS = {mma: _parameters(maps + (
     "const T* q, const T* k, const T* v, T* out, float* lse, "
     "const int* cu_seqlens_q, const int* cu_seqlens_k, const int* work, const float* sink, "

@@ -241,7 +241,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     # a model. Anything unusual (no plan, options of unusual types) takes the checks every time.
     key = _call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, causal, window, softmax_scale)
     prepared = plan._prepared.get(key) if key is not None and isinstance(plan, AttentionPlan) else None
-    if prepared is None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15 or (out is not None and out.data_ptr() & 15):
+    if (prepared is None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+            or (out is not None and out.data_ptr() & 15)):
         prepared = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_scale, plan,
                             out, lse_out)
         if key is not None and plan is not None:
@@ -355,8 +356,10 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
                  heads_q * head_dim, head_dim, total_q, scale_log2,
                  *kernel_window(merged_window, plan.schedule.max_seqlen_q, plan.schedule.max_seqlen_k))
     # The kernel's descriptors, map_q, map_k, ... by its parameters: q, k, v, and o where it stores O by TMA.
-    map_roles = tuple(p.name.removeprefix("map_") for p in kernel.parameters["attention_prefill"] if p.kind == "tensor_map")
-    box_rows = {"q": sizes["q_box_rows"], "k": sizes["kv_box_rows"], "v": sizes["kv_box_rows"], "o": sizes["q_box_rows"]}
+    map_roles = tuple(p.name.removeprefix("map_") for p in kernel.parameters["attention_prefill"]
+                      if p.kind == "tensor_map")
+    box_rows = {"q": sizes["q_box_rows"], "k": sizes["kv_box_rows"], "v": sizes["kv_box_rows"],
+                "o": sizes["q_box_rows"]}
     # With no keys at all no key tile is ever loaded; the parameter still needs a descriptor.
     maps = tma.TensorMaps({role: box_rows[role] for role in map_roles}, sizes["box_span_bytes"],
                           alias_of={"k": "q", "v": "q"} if not total_k else {})
