@@ -123,9 +123,23 @@ def _merge_attention_states(params: Mapping[str, Any]) -> KernelLayout:
     )
 
 
+_GDN_STEP_PARAMETERS = _parameters(
+    "const T* q, const T* k, const T* v, const float* g, const void* beta, long long beta_is_fp32, float* state, "
+    "const int* state_indices, T* out, long long num_heads, long long num_heads_v, float scale, "
+    "long long use_qk_l2norm")
+
+
+def _gated_delta_rule_step(params: Mapping[str, Any]) -> KernelLayout:
+    # A block per (value slice, v-head, sequence); its reductions use static shared memory only.
+    return KernelLayout(threads=params["num_warps"] * 32, dynamic_smem_bytes=0,
+                        sizes={"v_slice": params["tile_n"]},
+                        parameters={"gated_delta_rule_step": _GDN_STEP_PARAMETERS})
+
+
 _LAYOUTS: dict[str, Callable[[Mapping[str, Any]], KernelLayout]] = {
     "attention_prefill": _attention_prefill,
     "merge_attention_states": _merge_attention_states,
+    "gated_delta_rule_step": _gated_delta_rule_step,
 }
 
 

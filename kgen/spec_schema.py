@@ -65,6 +65,8 @@ AXIS_VALUE_SCHEMAS: dict[str, dict] = {
     # full, and the generated code has no tail body at all.
     "has_incomplete_tile": {"type": "boolean"},
     "rows_per_thread": {**_positive_int, "maximum": 16},
+    # How a recurrent state [K, V] is stored: "kv" (fla's), or "vk" (vLLM's, sglang's, FlashInfer's).
+    "state_layout": {"enum": ["kv", "vk"]},
 }
 
 _identifier = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}

@@ -408,13 +408,13 @@ def test_integral_floats_are_refused_or_made_ints(tmp_path, text):
 # --------------------------------------------------------------------------- property tests
 
 AXES = sorted(AXIS_VALUE_SCHEMAS)
-SPEC_KEYS = ["family", "description", "template", "entries", "allow_spills", "min_sm", "axes", "configs", "exclude",
-             "defaults"]
+SPEC_KEYS = ["family", "description", "template", "entries", "allow_spills", "min_sm", "sm_only", "score_cost", "axes",
+             "configs", "exclude", "defaults"]
 # A mix of values each axis accepts and values it refuses, so that generated
 # specs reach past the schema into exclusion/default checks and expansion.
 AXIS_VALUES = st.sampled_from([
     8, 64, 80, 128, 512, 12, 0, -8, 1, 2, 4, 32, 33, 1024, 2048, 8.0, 64.5,
-    "bf16", "fp16", "fp32", "fp64", "tma", "cp_async", "dma", True, False, None, "", "64",
+    "bf16", "fp16", "fp32", "fp64", "tma", "cp_async", "dma", "kv", "vk", True, False, None, "", "64",
 ])
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
@@ -436,7 +436,7 @@ VALID_VALUES = {
     "head_dim": [64, 80, 128, 256], "dtype": ["bf16", "fp16", "fp32"], "tile_m": [16, 64, 128],
     "tile_n": [32, 64], "num_warps": [1, 4, 8], "min_blocks_per_sm": [1, 2],
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": [1, 2, 4],
-    "mma": ["mma_sync", "wgmma"],
+    "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"],
 }
 assert set(VALID_VALUES) == set(AXES)
 
@@ -712,7 +712,7 @@ ALL_VALUES = {
     "head_dim": list(range(8, 513, 8)), "dtype": ["bf16", "fp16", "fp32"], "tile_m": list(range(16, 257, 16)),
     "tile_n": list(range(16, 257, 16)), "num_warps": [1, 2, 4, 8, 12, 16], "min_blocks_per_sm": list(range(1, 33)),
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": list(range(1, 17)),
-    "mma": ["mma_sync", "wgmma"],
+    "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"],
 }
 assert set(ALL_VALUES) == set(AXES)
 

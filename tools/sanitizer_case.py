@@ -3,13 +3,15 @@
     compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitizer_case.py
 
 Attention over a packed batch with tails (each kernel and tail policy, and the no-tail variant on
-whole tiles), neighbours poisoned with NaN/Inf, and both merge kernels.
+whole tiles), neighbours poisoned with NaN/Inf, the gated delta rule's decode step, and both merge
+kernels.
 """
 
 import torch
 
 from kgen import registry
 from kgen.ops import attention_varlen, merge_attention_states, merge_attention_states_n, plan_attention_varlen
+from kgen.ops.gated_delta_rule import gated_delta_rule_step
 
 
 def main() -> None:
@@ -32,6 +34,14 @@ def main() -> None:
                 out = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan)
                 first = out[:lengths[0]]
                 assert not first.isnan().any(), f"NaN leaked into sequence 0 (hd{head_dim}, {mma}, tail={tail})"
+    # The gated delta rule's decode step, both state layouts, a padded slot and a pool larger than the batch.
+    for layout in ("kv", "vk"):
+        q, k = (torch.randn((3, 2, 128), device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        v_new = torch.randn((3, 4, 128), device="cuda", dtype=torch.bfloat16)
+        g, beta = -torch.rand((3, 4), device="cuda"), torch.rand((3, 4), device="cuda")
+        pool = torch.randn((5, 4, 128, 128), device="cuda")
+        slots = torch.tensor([4, -1, 1], dtype=torch.int32, device="cuda")
+        gated_delta_rule_step(q, k, v_new, g, beta, pool, state_indices=slots, state_layout=layout)
     v = torch.randn((3, 1000, 4, 128), device="cuda", dtype=torch.bfloat16)
     lse = torch.randn((3, 1000, 4), device="cuda")
     merge_attention_states(v[0], lse[0], v[1], lse[1])

@@ -1,0 +1,119 @@
+"""The gated delta rule (Gated DeltaNet): the decode step, in place on a pool of states.
+
+Per sequence b and v-head, with the state S at pool row ``state_indices[b]``:
+``S = e^g S;  u = beta (v - S^T k);  S = S + k u^T;  o = scale S^T q`` (g a natural-log gate).
+GVA: v-head i reads q/k head ``i // (HV / H)``. States are fp32, ``[P, HV, K, V]`` for
+``state_layout="kv"`` (fla's) or ``[P, HV, V, K]`` for ``"vk"`` (vLLM's, sglang's, FlashInfer's).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from kgen import registry
+from kgen.launch import KernelLauncher
+from kgen.ops._checks import check_shape, check_tensor
+from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes
+
+STEP_FAMILY = "gated_delta_rule_step"
+_MAX_GRID_YZ = 65535  # v-heads and sequences are the grid's y and z dimensions
+_STATE_LAYOUTS = ("kv", "vk")
+
+_step_kernels = DispatchCache()
+
+
+def _step_kernel(device_index: int, head_dim: int, dtype: torch.dtype, state_layout: str
+                 ) -> tuple[KernelLauncher, int]:
+    """The decode step's launcher on the device, and the value columns each of its blocks owns."""
+    key = (device_index, head_dim, dtype, state_layout)
+    found = _step_kernels.get(key)
+    if found is not None:
+        return found
+    # select() names what the spec offers when it has no such variant.
+    variant = registry.current().family(STEP_FAMILY).select(head_dim=head_dim, dtype=DTYPE_NAMES[dtype],
+                                                            state_layout=state_layout)
+    return _step_kernels.put(key, (launcher(variant, "gated_delta_rule_step", device_index),
+                                   layout(variant).sizes["v_slice"]))
+
+
+def _check_contiguous(name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+
+
+def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                          state: torch.Tensor, *, scale: float | None = None, state_indices: torch.Tensor | None = None,
+                          state_layout: str = "kv", use_qk_l2norm_in_kernel: bool = False,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+    """One token of each of B sequences; updates ``state`` in place and returns o ``[B, HV, V]``.
+
+    Args:
+        q, k: ``[B, H, K]``; v: ``[B, HV, V]``; bf16 or fp16, contiguous; K = V, a head dim the spec lists.
+        g: fp32 ``[B, HV]``, natural-log gates (<= 0). beta: ``[B, HV]``, fp32 or q's dtype.
+        state: fp32 pool ``[P, HV, K, V]`` (``"kv"``) or ``[P, HV, V, K]`` (``"vk"``), contiguous.
+        state_indices: int32 ``[B]``: the pool row of each sequence, -1 for a padded slot, whose
+            state is never touched and whose o is 0. Values are not checked on the device (that
+            would synchronise): each must be -1 or a row of the pool. Without it, sequence b uses row b.
+        scale: default K^-1/2. use_qk_l2norm_in_kernel: normalise q and k over K first (eps 1e-6).
+        out: optional preallocated o (contiguous ``[B, HV, V]`` in q's dtype).
+    """
+    dtypes = spec_dtypes(STEP_FAMILY)
+    check_tensor("q", q, ndim=3, dtypes=dtypes)
+    device = q.device
+    batch, heads, head_dim = q.shape
+    check_tensor("k", k, ndim=3, dtypes=(q.dtype,), device=device)
+    check_shape("k", k, q.shape, "[B, H, K] like q")
+    check_tensor("v", v, ndim=3, dtypes=(q.dtype,), device=device)
+    heads_v = v.shape[1]
+    check_shape("v", v, (batch, heads_v, head_dim), "[B, HV, V] with V = K")
+    if heads == 0 or heads_v % heads:
+        raise ValueError(f"v: HV={heads_v} v-heads must be a multiple of H={heads} q/k heads")
+    if heads_v > _MAX_GRID_YZ or batch > _MAX_GRID_YZ:
+        raise ValueError(f"q, v: B={batch} and HV={heads_v} must each be at most {_MAX_GRID_YZ} (the kernel's grid)")
+    check_tensor("g", g, ndim=2, dtypes=(torch.float32,), device=device)
+    check_shape("g", g, (batch, heads_v), "[B, HV]")
+    check_tensor("beta", beta, ndim=2, dtypes=(torch.float32, q.dtype), device=device)
+    check_shape("beta", beta, (batch, heads_v), "[B, HV]")
+    if state_layout not in _STATE_LAYOUTS:
+        raise ValueError(f"state_layout: expected one of {_STATE_LAYOUTS}, got {state_layout!r}")
+    check_tensor("state", state, ndim=4, dtypes=(torch.float32,), device=device)
+    check_shape("state", state, (state.shape[0], heads_v, head_dim, head_dim), f"[P, HV, K, V] ({state_layout})")
+    if state_indices is None:
+        if state.shape[0] < batch:
+            raise ValueError(f"state: {state.shape[0]} pool rows for {batch} sequences; pass state_indices "
+                             f"or a pool of at least B rows")
+    else:
+        check_tensor("state_indices", state_indices, ndim=1, dtypes=(torch.int32,), device=device)
+        check_shape("state_indices", state_indices, (batch,), "[B]")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)) + (
+            (("state_indices", state_indices),) if state_indices is not None else ()):
+        _check_contiguous(name, t)
+    if state.data_ptr() % 16:
+        raise ValueError("state: expected a 16-byte aligned data pointer")
+    if scale is None:
+        scale = head_dim ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite float, got {scale!r}")
+    if not isinstance(use_qk_l2norm_in_kernel, bool):
+        raise TypeError(f"use_qk_l2norm_in_kernel: expected a bool, got {use_qk_l2norm_in_kernel!r}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, g, beta)):
+        raise RuntimeError("gated_delta_rule_step has no backward: call it under torch.no_grad() or on detached tensors")
+
+    if out is None:
+        out = v.new_empty((batch, heads_v, head_dim))
+    else:
+        check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=device)
+        check_shape("out", out, (batch, heads_v, head_dim), "[B, HV, V]")
+        _check_contiguous("out", out)
+    if not batch:
+        return out
+    kernel, slice_v = _step_kernel(device.index, head_dim, q.dtype, state_layout)
+    kernel((head_dim // slice_v, heads_v, batch), q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(),
+           beta.data_ptr(), int(beta.dtype is torch.float32), state.data_ptr(),
+           0 if state_indices is None else state_indices.data_ptr(), out.data_ptr(), heads, heads_v,
+           np.float32(scale), int(use_qk_l2norm_in_kernel))
+    return out
+
