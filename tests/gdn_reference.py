@@ -111,3 +111,59 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None
             s = last.exp()[:, None, None] * s + kc.transpose(-1, -2) @ ((last[:, None] - gamma).exp()[:, :, None] * v_new)
         states[n] = s
     return _finish(o, states, state_layout)
+
+
+def _chunk_terms(qc, kc, vc, gc, bc):
+    """One chunk's pieces, heads first ([HV, C, ...]): the maps S -> (O, S') of ``chunked`` are
+    O = scale (out_u + out_s S) and S' = trans S + state_u, all from the chunk's own data."""
+    gamma = gc.cumsum(-1)
+    size = gamma.shape[-1]
+    diff = gamma[:, :, None] - gamma[:, None, :]
+    lower_incl = torch.ones(size, size, dtype=torch.bool, device=qc.device).tril()
+    decay = torch.where(lower_incl, diff, torch.zeros_like(diff)).exp() * lower_incl
+    a = bc[:, :, None] * (kc @ kc.transpose(-1, -2)) * decay * lower_incl.tril(-1)
+    t_inv = torch.linalg.inv(torch.eye(size, dtype=torch.float64, device=qc.device) + a)
+    w = t_inv @ ((bc * gamma.exp())[:, :, None] * kc)
+    u = t_inv @ (bc[:, :, None] * vc)
+    p = (qc @ kc.transpose(-1, -2)) * decay
+    last = gamma[:, -1]
+    k_decayed = kc.transpose(-1, -2) * (last[:, None] - gamma).exp()[:, None, :]  # K^T diag(e^{Gamma_last - Gamma})
+    eye = torch.eye(kc.shape[-1], dtype=torch.float64, device=qc.device)
+    return {"out_u": p @ u, "out_s": gamma.exp()[:, :, None] * qc - p @ w,
+            "trans": last.exp()[:, None, None] * eye - k_decayed @ w, "state_u": k_decayed @ u}
+
+
+def segmented(q, k, v, g, beta, *, segments, scale=None, initial_state=None, cu_seqlens=None,
+              use_qk_l2norm=False, state_layout="kv", chunk: int = 64):
+    """``chunked``'s result with sequences split into ``segments`` ((sequence, first chunk, chunks) rows,
+    as kgen.ops.gdn_plan plans them), computed as the kernels will: every segment from a zero state,
+    with its transition M (S_end = M S_start + h); then the true start states by the chain
+    S_{j+1} = M_j S_j + h_j, and each chunk's output corrected by its linear term in the start state."""
+    q, k, v, g, beta, scale, seqs, states = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens,
+                                                     use_qk_l2norm, state_layout)
+    o = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
+    by_sequence: dict[int, list[tuple[int, int]]] = {}
+    for n, first, count in (tuple(int(x) for x in row) for row in segments):
+        by_sequence.setdefault(n, []).append((first, count))
+    for n, (b, start, end) in enumerate(seqs):
+        summaries = []
+        # Pass 1, all segments independent: from a zero state, the outputs, the end state h and M.
+        for first, count in sorted(by_sequence.get(n, [])):
+            h = torch.zeros_like(states[n])
+            m = torch.eye(h.shape[1], dtype=torch.float64, device=v.device).expand(h.shape[0], -1, -1)
+            terms = []
+            for c in range(first, first + count):
+                rows = slice(start + c * chunk, min(start + (c + 1) * chunk, end))
+                t = _chunk_terms(*(x[b, rows].transpose(0, 1) for x in (q, k, v, g, beta)))
+                o[b, rows] = (scale * (t["out_u"] + t["out_s"] @ h)).transpose(0, 1)
+                terms.append((rows, t, m))  # m: this chunk's start state as a function of the segment's
+                h, m = t["trans"] @ h + t["state_u"], t["trans"] @ m
+            summaries.append((terms, h, m))
+        # Pass 2, along the sequence: each segment's true start state, and its outputs' correction.
+        s = states[n]
+        for terms, h, m in summaries:
+            for rows, t, m_start in terms:
+                o[b, rows] += (scale * (t["out_s"] @ (m_start @ s))).transpose(0, 1)
+            s = m @ s + h
+        states[n] = s
+    return _finish(o, states, state_layout)

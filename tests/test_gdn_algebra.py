@@ -1,6 +1,7 @@
 """The chunked gated delta rule against its token-by-token definition, in float64 on the host.
 
-The kernels compute the chunked form (tests/gdn_reference.py); this pins its algebra first:
+The kernels compute the chunked form (tests/gdn_reference.py); this pins its algebra first, and
+the split of long sequences into segments corrected by their transitions:
 varlen batches with partial last chunks, GVA, initial states in both layouts, in-kernel L2
 normalisation, and gates from no decay (a = 0) to strong decay (a = 16), where a form that
 factors e^{-Gamma} out would overflow.
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gdn_reference as ref
+from kgen.ops.gdn_plan import plan_chunks
 
 
 def gates(shape, decay: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -93,3 +95,22 @@ def test_strong_decay_stays_finite_where_factored_gates_overflow():
     o, s = ref.chunked(q, k, v, g, beta, cu_seqlens=cu)
     o_ref, s_ref = ref.recurrent(q, k, v, g, beta, cu_seqlens=cu)
     assert torch.isfinite(o).all() and rel_rms(o, o_ref) < 1e-9 and rel_rms(s, s_ref) < 1e-9
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(0, 300), min_size=1, max_size=3), group=st.sampled_from([1, 2]),
+       min_chunks=st.integers(1, 3), target=st.integers(0, 40), with_state=st.booleans(),
+       layout=st.sampled_from(["kv", "vk"]), seed=st.integers(0, 2**31 - 1))
+def test_segments_from_zero_states_corrected_by_their_transitions_equal_the_whole_run(
+        lengths, group, min_chunks, target, with_state, layout, seed):
+    # The long-sequence path: the planner's segments (chunks of 16 so that short tests split), run
+    # independently and made exact by the chain of start states.
+    q, k, v, g, beta, cu = make_inputs(lengths, 1, group, 8, 8, seed)
+    plan = plan_chunks(lengths, chunk=16, parallel_per_segment=group, target_ctas=target,
+                       min_segment_chunks=min_chunks)
+    state = (torch.randn(len(lengths), group, 8, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+             if with_state else None)
+    options = dict(initial_state=state, cu_seqlens=cu, state_layout=layout)
+    o_ref, s_ref = ref.recurrent(q, k, v, g, beta, **options)
+    o, s = ref.segmented(q, k, v, g, beta, segments=plan.segments.tolist(), chunk=16, **options)
+    assert rel_rms(o, o_ref) < 1e-9 and rel_rms(s, s_ref) < 1e-9
