@@ -75,47 +75,11 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=No
     return _finish(o, states, state_layout)
 
 
-def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, use_qk_l2norm=False,
-            state_layout="kv", chunk: int = 64):
-    """``recurrent``'s result by chunks, as the kernels compute it. Per chunk (Gamma: the in-chunk
-    inclusive cumsum of g; every exponent is a gate difference i >= j, or Gamma itself, so <= 0):
-        A = StrictLower(diag(beta) K K^T * e^{Gamma_i - Gamma_j}),  T = (I + A)^-1,
-        W = T diag(beta e^Gamma) K,  U = T diag(beta) V,  Vn = U - W S,
-        O = scale (diag(e^Gamma) Q S + (Q K^T * LowerIncl * e^{Gamma_i - Gamma_j}) Vn),
-        S <- e^{Gamma_last} S + K^T diag(e^{Gamma_last - Gamma}) Vn."""
-    q, k, v, g, beta, scale, seqs, states = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens,
-                                                     use_qk_l2norm, state_layout)
-    o = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
-    for n, (b, start, end) in enumerate(seqs):
-        s = states[n]
-        for c0 in range(start, end, chunk):
-            rows = slice(c0, min(c0 + chunk, end))
-            # [HV, C, ...]: heads first.
-            qc, kc, vc = (t[b, rows].transpose(0, 1) for t in (q, k, v))
-            gc, bc = g[b, rows].transpose(0, 1), beta[b, rows].transpose(0, 1)
-            gamma = gc.cumsum(-1)
-            size = gamma.shape[-1]
-            diff = gamma[:, :, None] - gamma[:, None, :]  # Gamma_i - Gamma_j
-            lower_incl = torch.ones(size, size, dtype=torch.bool, device=v.device).tril()
-            strict = lower_incl.tril(-1)
-            # Only the differences with i >= j are exponentiated; the rest would overflow.
-            decay = torch.where(lower_incl, diff, torch.zeros_like(diff)).exp() * lower_incl
-            a = bc[:, :, None] * (kc @ kc.transpose(-1, -2)) * decay * strict
-            t_inv = torch.linalg.inv(torch.eye(size, dtype=torch.float64, device=v.device) + a)
-            w = t_inv @ ((bc * gamma.exp())[:, :, None] * kc)
-            u = t_inv @ (bc[:, :, None] * vc)
-            v_new = u - w @ s
-            out = gamma.exp()[:, :, None] * (qc @ s) + ((qc @ kc.transpose(-1, -2)) * decay) @ v_new
-            o[b, rows] = (scale * out).transpose(0, 1)
-            last = gamma[:, -1]
-            s = last.exp()[:, None, None] * s + kc.transpose(-1, -2) @ ((last[:, None] - gamma).exp()[:, :, None] * v_new)
-        states[n] = s
-    return _finish(o, states, state_layout)
-
-
 def _chunk_terms(qc, kc, vc, gc, bc):
-    """One chunk's pieces, heads first ([HV, C, ...]): the maps S -> (O, S') of ``chunked`` are
-    O = scale (out_u + out_s S) and S' = trans S + state_u, all from the chunk's own data."""
+    """One chunk's linear maps of its start state S (heads first, [HV, C, ...]), from the chunk's own data:
+    O = scale (out_u + out_s S) and S' = trans S + state_u, with out_u = P U, out_s = diag(e^Gamma) Q - P W,
+    trans = e^{Gamma_last} I - K^T diag(e^{Gamma_last - Gamma}) W, state_u = K^T diag(e^{Gamma_last - Gamma}) U
+    and P = Q K^T * LowerIncl * e^{Gamma_i - Gamma_j} (see ``chunked``)."""
     gamma = gc.cumsum(-1)
     size = gamma.shape[-1]
     diff = gamma[:, :, None] - gamma[:, None, :]
@@ -131,6 +95,28 @@ def _chunk_terms(qc, kc, vc, gc, bc):
     eye = torch.eye(kc.shape[-1], dtype=torch.float64, device=qc.device)
     return {"out_u": p @ u, "out_s": gamma.exp()[:, :, None] * qc - p @ w,
             "trans": last.exp()[:, None, None] * eye - k_decayed @ w, "state_u": k_decayed @ u}
+
+
+def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, use_qk_l2norm=False,
+            state_layout="kv", chunk: int = 64):
+    """``recurrent``'s result by chunks, as the kernels compute it. Per chunk (Gamma: the in-chunk
+    inclusive cumsum of g; every exponent is a gate difference i >= j, or Gamma itself, so <= 0):
+        A = StrictLower(diag(beta) K K^T * e^{Gamma_i - Gamma_j}),  T = (I + A)^-1,
+        W = T diag(beta e^Gamma) K,  U = T diag(beta) V,  Vn = U - W S,
+        O = scale (diag(e^Gamma) Q S + (Q K^T * LowerIncl * e^{Gamma_i - Gamma_j}) Vn),
+        S <- e^{Gamma_last} S + K^T diag(e^{Gamma_last - Gamma}) Vn."""
+    q, k, v, g, beta, scale, seqs, states = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens,
+                                                     use_qk_l2norm, state_layout)
+    o = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
+    for n, (b, start, end) in enumerate(seqs):
+        s = states[n]
+        for c0 in range(start, end, chunk):
+            rows = slice(c0, min(c0 + chunk, end))
+            t = _chunk_terms(*(x[b, rows].transpose(0, 1) for x in (q, k, v, g, beta)))
+            o[b, rows] = (scale * (t["out_u"] + t["out_s"] @ s)).transpose(0, 1)
+            s = t["trans"] @ s + t["state_u"]
+        states[n] = s
+    return _finish(o, states, state_layout)
 
 
 def segmented(q, k, v, g, beta, *, segments, scale=None, initial_state=None, cu_seqlens=None,
