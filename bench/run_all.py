@@ -1,5 +1,5 @@
 """Every kgen GPU benchmark in one process: machinery, host cost, merge bandwidth, attention, the sweep, the
-kernels per sweep length; a summary last.
+kernels per sweep length, the gated delta rule's decode step; a summary last.
 
 Writes into ``--out`` (default ``$OUT``, else ``bench/results/latest``): each
 benchmark's ``*.json`` and ``*.md``, ``summary.json``, ``SUMMARY.md`` and
@@ -25,6 +25,7 @@ import attention_common
 import bench_attention
 import bench_attention_kernels
 import bench_attention_sweep
+import bench_gdn_step
 import bench_host
 import bench_machinery
 import bench_merge_states
@@ -36,6 +37,7 @@ BENCHMARKS: list[tuple[str, Callable[[Path, argparse.Namespace], list[dict[str, 
     ("attention", bench_attention.run),
     ("attention sweep", bench_attention_sweep.run),
     ("attention kernels", bench_attention_kernels.run),
+    ("gdn step", bench_gdn_step.run),
 ]
 
 

@@ -1,0 +1,121 @@
+"""The gated delta rule's decode step: kgen against fla's fused_recurrent_gated_delta_rule used as a step,
+and against a device copy of the state's bytes, in one process, all as CUDA graph replays.
+
+B sequences of one token, H/HV = 16/32, K = V = 128, bf16, fp32 states [B, HV, K, V] (kv) updated in
+place by kgen (fla writes its final state to a new tensor). The state is read and written once per
+step, as a copy of it reads and writes it: bandwidth fraction = t(copy) / t(kgen). Bars
+(observations): fraction >= 0.85 at B >= 64; t(kgen)/t(fla) <= 0.80 at B >= 64 and <= 0.6 at B = 1.
+fla-core is a peer for this benchmark only (FLA_FLASH_QLA=0), never a dependency.
+
+    PYTHONPATH=. python3 bench/bench_gdn_step.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common import (default_out_dir, environment, standalone_parser, summary_row, time_graph, verdict,
+                    write_results)
+from kgen.ops.gated_delta_rule import gated_delta_rule_step
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import gdn_reference  # noqa: E402  (the float64 recurrence, to check kgen's result before timing it)
+
+NAME = "bench_gdn_step"
+BATCHES = [1, 64, 256, 1024]
+HEADS, HEADS_V, HEAD_DIM = 16, 32, 128
+BANDWIDTH_BAR, FLA_BAR, FLA_BAR_B1 = 0.85, 0.80, 0.6
+RMS_TOL = 5e-3
+COLUMNS = [("B", "B", None), ("kgen_us", "kgen us", ".2f"), ("fla_us", "fla us", ".2f"), ("copy_us", "copy us", ".2f"),
+           ("bandwidth_fraction", "copy/kgen", ".3f"), ("kgen_over_fla", "kgen/fla", ".3f"),
+           ("kgen_rel_rms", "kgen rel RMS", ".1e"), ("fla_status", "fla", None)]
+
+
+def fla_step():
+    """fla's fused recurrent kernel, or the reason it is not there."""
+    os.environ.setdefault("FLA_FLASH_QLA", "0")
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except Exception as exc:  # not installed, or it fails to import on this machine
+        return None, f"unavailable: {type(exc).__name__}: {exc}"[:200]
+    return fused_recurrent_gated_delta_rule, "ok"
+
+
+def measure(batch: int, fla) -> dict[str, Any]:
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = gdn_reference.l2norm(torch.randn(batch, HEADS, HEAD_DIM, generator=gen, device="cuda")).to(torch.bfloat16)
+    v = torch.randn(batch, HEADS_V, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
+    g = -torch.nn.functional.softplus(torch.randn(batch, HEADS_V, generator=gen, device="cuda"))
+    beta = torch.rand(batch, HEADS_V, generator=gen, device="cuda")
+    state = torch.randn(batch, HEADS_V, HEAD_DIM, HEAD_DIM, generator=gen, device="cuda")
+    row: dict[str, Any] = {"B": batch}
+
+    # Correctness on these inputs first (one step from a copy of the state).
+    checked = state.clone()
+    out = torch.full_like(v, float("nan"))
+    gated_delta_rule_step(q, k, v, g, beta, checked, out=out)
+    o_ref, s_ref = gdn_reference.recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+                                           initial_state=state)
+    rms = lambda got, want: ((got.double() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt()).item()  # noqa: E731
+    row["kgen_rel_rms"] = max(rms(out, o_ref[:, 0]), rms(checked, s_ref))
+    del checked, o_ref, s_ref
+
+    row["kgen_us"] = 1e3 * time_graph(lambda: gated_delta_rule_step(q, k, v, g, beta, state, out=out))
+    copy_dst = torch.empty_like(state)
+    row["copy_us"] = 1e3 * time_graph(lambda: copy_dst.copy_(state))
+    row["bandwidth_fraction"] = row["copy_us"] / row["kgen_us"]
+    step, row["fla_status"] = fla
+    if step is not None:
+        try:
+            def fla_call():
+                return step(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], initial_state=state,
+                            output_final_state=True)
+            row["fla_us"] = 1e3 * time_graph(fla_call)
+            row["kgen_over_fla"] = row["kgen_us"] / row["fla_us"]
+        except Exception as exc:
+            row["fla_status"] = f"failed: {type(exc).__name__}: {exc}"[:200]
+    return row
+
+
+def summary_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
+    b, out = row["B"], []
+    ok = "" if row["kgen_rel_rms"] <= RMS_TOL else "WRONG"
+    out.append(summary_row("gdn step", f"B={b}: copy/kgen state bandwidth ({row['kgen_us']:.1f} vs copy "
+                           f"{row['copy_us']:.1f} us; rel RMS {row['kgen_rel_rms']:.1e})", row["bandwidth_fraction"],
+                           "x", f">= {BANDWIDTH_BAR}" if b >= 64 else "",
+                           ok or (verdict(row["bandwidth_fraction"], BANDWIDTH_BAR, True) if b >= 64 else "")))
+    if "kgen_over_fla" in row:
+        bar = FLA_BAR if b >= 64 else FLA_BAR_B1
+        out.append(summary_row("gdn step", f"B={b}: kgen/fla ({row['kgen_us']:.1f} vs {row['fla_us']:.1f} us)",
+                               row["kgen_over_fla"], "x", f"<= {bar}", ok or verdict(row["kgen_over_fla"], bar, False)))
+    else:
+        out.append(summary_row("gdn step", f"B={b}: kgen/fla: {row['fla_status']}", None, "x"))
+    return out
+
+
+def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
+    fla = fla_step()
+    rows = []
+    for batch in BATCHES:
+        rows.append(measure(batch, fla))
+        print(rows[-1], flush=True)
+        torch.cuda.empty_cache()
+    write_results(out_dir, NAME, "Gated delta rule decode step", rows, COLUMNS, environment(), notes=[__doc__])
+    return [s for r in rows for s in summary_rows(r)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = standalone_parser(__doc__, lambda parser: None).parse_args(argv)
+    run(options.out or default_out_dir(), options)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
