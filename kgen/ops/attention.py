@@ -290,8 +290,8 @@ class _PreparedCall:
         out = q.new_empty(self.out_shape) if out is None else out
         lse = q.new_empty(self.lse_shape, dtype=torch.float32) if lse_out is None else lse_out
         if self.launcher is not None:
-            maps, tensors = self.maps, {"q": q, "k": k, "v": v, "o": out}
-            self.launcher(self.grid, *(maps.get(role, tensors[role]) for role in self.map_roles),
+            maps, tensors = self.maps, (q, k, v, out)
+            self.launcher(self.grid, *(maps.get(role, tensors[slot]) for role, slot in self.map_roles),
                           q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
                           cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), self.work.data_ptr(),
                           0 if sink is None else sink.data_ptr(), *self.tail_args)
@@ -355,13 +355,15 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
     tail_args = (heads_q // heads_kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                  heads_q * head_dim, head_dim, total_q, scale_log2,
                  *kernel_window(merged_window, plan.schedule.max_seqlen_q, plan.schedule.max_seqlen_k))
-    # The kernel's descriptors, map_q, map_k, ... by its parameters: q, k, v, and o where it stores O by TMA.
-    map_roles = tuple(p.name.removeprefix("map_") for p in kernel.parameters["attention_prefill"]
-                      if p.kind == "tensor_map")
+    # The kernel's descriptors, map_q, map_k, ... by its parameters: q, k, v, and o where it stores O by TMA;
+    # each with its tensor's place in (q, k, v, out).
+    map_roles = tuple((role, "qkvo".index(role)) for role in
+                      (p.name.removeprefix("map_") for p in kernel.parameters["attention_prefill"]
+                       if p.kind == "tensor_map"))
     box_rows = {"q": sizes["q_box_rows"], "k": sizes["kv_box_rows"], "v": sizes["kv_box_rows"],
                 "o": sizes["q_box_rows"]}
     # With no keys at all no key tile is ever loaded; the parameter still needs a descriptor.
-    maps = tma.TensorMaps({role: box_rows[role] for role in map_roles}, sizes["box_span_bytes"],
+    maps = tma.TensorMaps({role: box_rows[role] for role, _ in map_roles}, sizes["box_span_bytes"],
                           alias_of={"k": "q", "v": "q"} if not total_k else {})
     return _PreparedCall(q.device.index, _launcher(q.device.index, plan.variant), (num_work, heads_q), maps, map_roles,
                          work, tail_args, out_shape, lse_shape)

@@ -15,7 +15,7 @@ import torch
 
 from kgen import registry
 from kgen.launch import KernelLauncher
-from kgen.ops._checks import check_shape, check_tensor
+from kgen.ops._checks import check_dense_rows, check_shape, check_tensor
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes
 
 STEP_FAMILY = "gated_delta_rule_step"
@@ -88,11 +88,10 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     else:
         check_tensor("state_indices", state_indices, ndim=1, dtypes=(torch.int32,), device=device)
         check_shape("state_indices", state_indices, (batch,), "[B]")
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)) + (
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)) + (
             (("state_indices", state_indices),) if state_indices is not None else ()):
         _check_contiguous(name, t)
-    if state.data_ptr() % 16:
-        raise ValueError("state: expected a 16-byte aligned data pointer")
+    check_dense_rows("state", state)  # contiguous and 16-byte aligned: the kernel moves it in float4s
     if scale is None:
         scale = head_dim ** -0.5
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):

@@ -112,16 +112,7 @@ __device__ __forceinline__ void accumulate_pv(RowState& state, const Scores& s, 
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads, {{ min_blocks_per_sm }})
-attention_prefill(const __grid_constant__ kgen::TmaDescriptor map_q, const __grid_constant__ kgen::TmaDescriptor map_k,
-                  const __grid_constant__ kgen::TmaDescriptor map_v, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                  T* __restrict__ out, float* __restrict__ lse,
-                  const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
-                  const int* __restrict__ work, const float* __restrict__ sink,
-                  long long heads_per_kv,
-                  long long q_stride_t, long long q_stride_h, long long k_stride_t, long long k_stride_h,
-                  long long v_stride_t, long long v_stride_h, long long o_stride_t, long long o_stride_h,
-                  long long lse_stride_h, float scale_log2, long long window_left_, long long window_right_) {
+{{ kernel_declaration }} {
     // The host adds kSwizzleAlignment bytes of slack so the tiles can start on a swizzle boundary.
     extern __shared__ unsigned char smem_raw[];
     const unsigned s_q = (kgen::smem_addr(smem_raw) + (kSwizzleAlignment - 1)) & ~(kSwizzleAlignment - 1u);
