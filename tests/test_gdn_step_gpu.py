@@ -20,7 +20,7 @@ pytestmark = [
 
 import gdn_reference as ref  # noqa: E402
 from kgen import registry  # noqa: E402
-from kgen.ops.gated_delta_rule import gated_delta_rule_step  # noqa: E402
+from kgen.ops import gated_delta_rule_step  # noqa: E402
 
 RMS_BAR = 5e-3
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

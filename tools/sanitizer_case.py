@@ -11,7 +11,7 @@ import torch
 
 from kgen import registry
 from kgen.ops import attention_varlen, merge_attention_states, merge_attention_states_n, plan_attention_varlen
-from kgen.ops.gated_delta_rule import gated_delta_rule_step
+from kgen.ops import gated_delta_rule_step
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """PyTorch ops backed by kgen kernels."""
 
 from kgen.ops.attention import AttentionPlan, attention_varlen, plan_attention_varlen
+from kgen.ops.gated_delta_rule import gated_delta_rule_step
 from kgen.ops.merge_states import merge_attention_states, merge_attention_states_n
 
-__all__ = ["AttentionPlan", "attention_varlen", "merge_attention_states", "merge_attention_states_n",
+__all__ = ["AttentionPlan", "attention_varlen", "gated_delta_rule_step", "merge_attention_states", "merge_attention_states_n",
            "plan_attention_varlen"]
