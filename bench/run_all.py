@@ -25,6 +25,7 @@ import attention_common
 import bench_attention
 import bench_attention_kernels
 import bench_attention_sweep
+import bench_gdn_chunk
 import bench_gdn_step
 import bench_host
 import bench_machinery
@@ -37,6 +38,7 @@ BENCHMARKS: list[tuple[str, Callable[[Path, argparse.Namespace], list[dict[str, 
     ("attention", bench_attention.run),
     ("attention sweep", bench_attention_sweep.run),
     ("attention kernels", bench_attention_kernels.run),
+    ("gdn chunk", bench_gdn_chunk.run),
     ("gdn step", bench_gdn_step.run),
 ]
 

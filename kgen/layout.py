@@ -14,6 +14,7 @@ kgen then knows nothing of its launch shape, and its op must supply it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -54,6 +55,14 @@ class KernelLayout:
     sizes: Mapping[str, int]
     #: Each entry's parameters, in order.
     parameters: Mapping[str, tuple[Parameter, ...]]
+    #: Entries whose block differs from ``threads``: entry -> threads (dynamic shared memory 0).
+    entry_threads: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def launch_shape(self, entry: str) -> tuple[int, int]:
+        """(threads per block, dynamic shared-memory bytes) of ``entry``."""
+        if entry in self.entry_threads:
+            return self.entry_threads[entry], 0
+        return self.threads, self.dynamic_smem_bytes
 
     def parameter_types(self, entry: str) -> str:
         """The entry's parameter types as a C++ list, for the template's signature check."""
@@ -136,10 +145,51 @@ def _gated_delta_rule_step(params: Mapping[str, Any]) -> KernelLayout:
                         parameters={"gated_delta_rule_step": _GDN_STEP_PARAMETERS})
 
 
+_GDN_KKT_PARAMETERS = _parameters(
+    "const T* k, const float* g, const void* beta, long long beta_is_fp32, const int* chunks, T* tbeta, "
+    "long long num_heads, long long num_heads_v, long long use_qk_l2norm")
+
+
+def _gated_delta_rule_kkt(params: Mapping[str, Any]) -> KernelLayout:
+    # A block per (chunk, q/k head); static shared memory only.
+    return KernelLayout(threads=params["num_warps"] * 32, dynamic_smem_bytes=0, sizes={"chunk": params["tile_m"]},
+                        parameters={"gated_delta_rule_kkt": _GDN_KKT_PARAMETERS})
+
+
+_GDN_RECURRENCE_PARAMETERS = _parameters(
+    "const T* q, const T* k, const T* v, const float* g, const T* tbeta, const int* segments, "
+    "const float* initial_state, const float* start_states, float* summary, T* out, float* final_state, "
+    "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm")
+#: Fields of a segment row (kgen/ops/gdn_plan.py writes them, the recurrence reads them).
+GDN_SEGMENT_FIELDS = 8
+#: The chain's block: value columns per block and threads.
+GDN_CHAIN_COLUMNS, GDN_CHAIN_THREADS = 32, 256
+
+
+def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> KernelLayout:
+    itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
+    chunk, head_dim, slice_v = params["tile_m"], params["head_dim"], params["tile_n"]
+    # Two stages of Q, K, V slice and Tbeta; S's 16-bit copy; W, Vn and decayed Vn.
+    stage = 2 * chunk * head_dim + chunk * slice_v + chunk * chunk
+    elements = 2 * stage + head_dim * slice_v + 3 * chunk * slice_v
+    return KernelLayout(
+        threads=params["num_warps"] * 32, dynamic_smem_bytes=elements * itemsize,
+        sizes={"value_slice": slice_v, "chunk": chunk, "segment_fields": GDN_SEGMENT_FIELDS,
+               "chain_columns": GDN_CHAIN_COLUMNS, "chain_threads": GDN_CHAIN_THREADS},
+        parameters={"gated_delta_rule_chunk": _GDN_RECURRENCE_PARAMETERS,
+                    "gated_delta_rule_chunk_summary": _GDN_RECURRENCE_PARAMETERS,
+                    "gated_delta_rule_chunk_chain": _parameters(
+                        "const float* summary, const float* initial_state, float* start_states, const int* chains, "
+                        "long long num_heads_v")},
+        entry_threads={"gated_delta_rule_chunk_chain": GDN_CHAIN_THREADS})
+
+
 _LAYOUTS: dict[str, Callable[[Mapping[str, Any]], KernelLayout]] = {
     "attention_prefill": _attention_prefill,
     "merge_attention_states": _merge_attention_states,
     "gated_delta_rule_step": _gated_delta_rule_step,
+    "gated_delta_rule_kkt": _gated_delta_rule_kkt,
+    "gated_delta_rule_chunk": _gated_delta_rule_chunk,
 }
 
 

@@ -55,8 +55,9 @@ def launcher(variant: Variant, entry: str, device_index: int) -> KernelLauncher:
     shape = layout(variant)
     with torch.cuda.device(device_index):
         kernel = jit.load(variant).kernel(entry)
-        return KernelLauncher(kernel, device_index, shape.threads, shape.dynamic_smem_bytes,
-                              shape.parameters[entry], f"{variant.name}.{entry}")
+        threads, dynamic_smem = shape.launch_shape(entry)
+        return KernelLauncher(kernel, device_index, threads, dynamic_smem, shape.parameters[entry],
+                              f"{variant.name}.{entry}")
 
 
 class DispatchCache:

@@ -1,0 +1,133 @@
+"""The chunked gated delta rule forward: kgen against fla's chunk_gated_delta_rule, as CUDA graph replays.
+
+The issue's shapes (sequences x length, H/HV), K = V = 128, bf16 q/k/v, fp32 g and beta,
+output_final_state=True, k L2-normalised. kgen runs with a plan made once on the host; fla
+(fla-core 0.6.0, FLA_FLASH_QLA=0, a peer for benchmarks only) runs in a child process, in the
+same run, with the same inputs. kgen's o and final states are first checked against the float64
+chunked reference (tests/gdn_reference.chunked, equal to the per-token recurrence to 1e-9).
+Bars: kgen/fla time at or below the issue's ratio for each shape.
+
+    PYTHONPATH=. python3 bench/bench_gdn_chunk.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common import (default_out_dir, environment, standalone_parser, summary_row, time_graph, verdict,
+                    write_results)
+from kgen.ops import chunk_gated_delta_rule, plan_chunk_gated_delta_rule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import gdn_reference  # noqa: E402
+
+NAME = "bench_gdn_chunk"
+HEAD_DIM = 128
+RMS_TOL = 5e-3
+#: (sequences, length, H, HV, fla us measured on the H200 by the issue, bar as t(kgen)/t(fla)).
+SHAPES = [(1, 32768, 2, 8, 922, 0.45), (1, 32768, 16, 32, 1933, 0.50), (1, 32768, 16, 64, 3407, 0.50),
+          (1, 8192, 16, 32, 489, 0.60), (4, 8192, 16, 32, 1748, 0.35), (8, 1024, 16, 32, 458, 0.35),
+          (1, 2048, 32, 32, 139, 0.80)]
+COLUMNS = [("shape", "shape", None), ("kgen_us", "kgen us", ".1f"), ("fla_us", "fla us", ".1f"),
+           ("kgen_over_fla", "kgen/fla", ".3f"), ("bar", "bar", None), ("segments", "segments", None),
+           ("kgen_rel_rms", "kgen rel RMS", ".1e"), ("fla_status", "fla", None)]
+
+
+def inputs(seqs: int, length: int, heads: int, heads_v: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator(device="cuda").manual_seed(seqs * length + heads_v)
+    total = seqs * length
+    q = torch.randn(1, total, heads, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = gdn_reference.l2norm(torch.randn(1, total, heads, HEAD_DIM, generator=gen, device="cuda")).to(torch.bfloat16)
+    v = torch.randn(1, total, heads_v, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, total, heads_v, generator=gen, device="cuda") + 4)
+    beta = torch.rand(1, total, heads_v, generator=gen, device="cuda")
+    cu = torch.arange(seqs + 1, dtype=torch.int32) * length
+    return q, k, v, g, beta, cu
+
+
+def fla_times_us(shapes: list[tuple]) -> list[tuple[float | None, str]]:
+    """fla's forward time per shape (in a child process: a fault there must not end this run)."""
+    os.environ.setdefault("FLA_FLASH_QLA", "0")
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+    except Exception as exc:
+        return [(None, f"unavailable: {type(exc).__name__}: {exc}"[:200])] * len(shapes)
+    results = []
+    for seqs, length, heads, heads_v, *_ in shapes:
+        q, k, v, g, beta, cu = inputs(seqs, length, heads, heads_v)
+        cu_long = cu.to("cuda", torch.long)
+        try:
+            results.append((1e3 * time_graph(lambda: fla_chunk(q, k, v, g, beta, output_final_state=True,
+                                                                cu_seqlens=cu_long), samples=10, replays_per_sample=5),
+                            "ok"))
+        except Exception as exc:
+            results.append((None, f"failed: {type(exc).__name__}: {exc}"[:200]))
+        del q, k, v, g, beta
+        torch.cuda.empty_cache()
+    return results
+
+
+def measure(shape: tuple) -> dict[str, Any]:
+    seqs, length, heads, heads_v, _, bar = shape
+    q, k, v, g, beta, cu = inputs(seqs, length, heads, heads_v)
+    cu_device = cu.cuda()
+    plan = plan_chunk_gated_delta_rule(cu, num_heads_v=heads_v, head_dim=HEAD_DIM, device="cuda")
+    row: dict[str, Any] = {"shape": f"{seqs}x{length} {heads}/{heads_v}", "bar": f"<= {bar}",
+                           "segments": len(plan.segments)}
+
+    def run():
+        return chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu_device, plan=plan)
+    o, final = run()
+    o_ref, s_ref = gdn_reference.chunked(q, k, v, g, beta, cu_seqlens=cu.tolist())
+    rms = lambda got, want: ((got.double() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt()).item()  # noqa: E731
+    row["kgen_rel_rms"] = max(rms(o, o_ref), rms(final, s_ref))
+    del o, final, o_ref, s_ref
+    torch.cuda.empty_cache()
+    row["kgen_us"] = 1e3 * time_graph(run, samples=10, replays_per_sample=5)
+    return row
+
+
+def summary_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
+    ok = "" if row["kgen_rel_rms"] <= RMS_TOL else "WRONG"
+    bar = float(row["bar"].split()[-1])
+    if "kgen_over_fla" not in row:
+        return [summary_row("gdn chunk", f"{row['shape']}: kgen {row['kgen_us']:.0f} us; fla: {row['fla_status']}",
+                            None, "x")]
+    return [summary_row("gdn chunk", f"{row['shape']}: kgen/fla ({row['kgen_us']:.0f} vs {row['fla_us']:.0f} us, "
+                        f"{row['segments']} segments)", row["kgen_over_fla"], "x", row["bar"],
+                        ok or verdict(row["kgen_over_fla"], bar, False))]
+
+
+def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = [measure(shape) for shape in SHAPES]
+    torch.cuda.empty_cache()
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            fla = pool.submit(fla_times_us, SHAPES).result()
+        except Exception as exc:  # the child died
+            fla = [(None, f"failed: {type(exc).__name__}: {exc}"[:200])] * len(SHAPES)
+    for row, (fla_us, status) in zip(rows, fla):
+        row["fla_status"] = status
+        if fla_us is not None:
+            row["fla_us"], row["kgen_over_fla"] = fla_us, row["kgen_us"] / fla_us
+        print(row, flush=True)
+    write_results(out_dir, NAME, "Gated delta rule chunked forward", rows, COLUMNS, environment(), notes=[__doc__])
+    return [s for r in rows for s in summary_rows(r)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = standalone_parser(__doc__, lambda parser: None).parse_args(argv)
+    run(options.out or default_out_dir(), options)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+// Shared-memory tiles of the chunked gated delta rule and their mma.sync fragments.
+// Included after common/numeric.cuh, smem.cuh, mma.cuh and cp_async.cuh.
+//
+// A tile is [rows][kCols] 16-bit elements, row-major, its 16-byte chunks XOR-swizzled by row so
+// that the eight row addresses of an ldmatrix hit eight different bank groups. Fragment loads
+// follow the m16n8k16 operand layouts: A (16x16) row-major, B (16x8) column-major, and the
+// fp32 accumulator C with rows lane/4 and lane/4 + 8, columns 2 (lane % 4) + {0, 1}.
+namespace kgen {
+namespace gdn {
+
+constexpr int kChunk = 64;  // tokens per chunk; a chunk never crosses a sequence
+
+template <int kCols>
+__device__ __forceinline__ int swizzled(int row, int col) {
+    constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
+    static_assert(kChunks == 4 || kChunks == 8 || kChunks == 16, "tile rows of 64, 128 or 256 bytes");
+    // Rows of 64 bytes pair up in a 128-byte line, so the XOR steps every second row.
+    constexpr int kRowsPerLine = kChunks >= 8 ? 1 : 8 / kChunks;
+    constexpr int kMask = (kChunks >= 8 ? 8 : kChunks) - 1;
+    const int chunk = (col >> 3) ^ ((row / kRowsPerLine) & kMask);
+    return row * kCols + chunk * 8 + (col & 7);
+}
+
+// A fragment of rows [m0, m0 + 16) x columns [k0, k0 + 16) of a row-major [m][k] tile.
+template <int kCols, class E>
+__device__ __forceinline__ void load_a(unsigned (&a)[4], const E* tile, int m0, int k0, int lane) {
+    ldmatrix_x4(a, smem_addr(tile + swizzled<kCols>(m0 + lane % 16, k0 + (lane / 16) * 8)));
+}
+
+// A fragment of A = X^T for a tile X stored [k][m]: rows m0.. of A are columns m0.. of X.
+template <int kCols, class E>
+__device__ __forceinline__ void load_a_transposed(unsigned (&a)[4], const E* tile, int m0, int k0, int lane) {
+    ldmatrix_x4_trans(a, smem_addr(tile + swizzled<kCols>(k0 + lane % 8 + (lane / 16) * 8, m0 + ((lane / 8) % 2) * 8)));
+}
+
+// B fragments of n-tiles n0 and n0 + 8 (b[0..1], b[2..3]) over k [k0, k0 + 16), from a tile stored [k][n].
+template <int kCols, class E>
+__device__ __forceinline__ void load_b_kn(unsigned (&b)[4], const E* tile, int k0, int n0, int lane) {
+    ldmatrix_x4_trans(b, smem_addr(tile + swizzled<kCols>(k0 + lane % 8 + ((lane / 8) % 2) * 8, n0 + (lane / 16) * 8)));
+}
+
+// The same from a tile stored [n][k] (B = X^T for a row-major X).
+template <int kCols, class E>
+__device__ __forceinline__ void load_b_nk(unsigned (&b)[4], const E* tile, int k0, int n0, int lane) {
+    ldmatrix_x4(b, smem_addr(tile + swizzled<kCols>(n0 + lane % 8 + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8)));
+}
+
+// The accumulators of a 16x(8 kTiles) product as A fragments of the next product (k = their columns).
+template <class E, int kTiles>
+__device__ __forceinline__ void accumulators_as_a(unsigned (&a)[kTiles / 2][4], const float (&c)[kTiles][4]) {
+#pragma unroll
+    for (int s = 0; s < kTiles / 2; ++s) {
+        a[s][0] = pack2<E>(c[2 * s][0], c[2 * s][1]);
+        a[s][1] = pack2<E>(c[2 * s][2], c[2 * s][3]);
+        a[s][2] = pack2<E>(c[2 * s + 1][0], c[2 * s + 1][1]);
+        a[s][3] = pack2<E>(c[2 * s + 1][2], c[2 * s + 1][3]);
+    }
+}
+
+// Accumulators of rows [m0, m0 + 16) x columns [0, 8 kTiles) into a tile, as E.
+template <int kCols, class E, int kTiles>
+__device__ __forceinline__ void store_accumulators(E* tile, const float (&c)[kTiles][4], int m0, int lane) {
+    const int row = m0 + lane / 4, col = 2 * (lane % 4);
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) {
+        *reinterpret_cast<unsigned*>(tile + swizzled<kCols>(row, 8 * n + col)) = pack2<E>(c[n][0], c[n][1]);
+        *reinterpret_cast<unsigned*>(tile + swizzled<kCols>(row + 8, 8 * n + col)) = pack2<E>(c[n][2], c[n][3]);
+    }
+}
+
+// Rows [0, kChunk) x columns [0, kCols) of a global matrix (row stride `stride` elements) into a tile
+// by cp.async, the block's kThreads threads sharing the 16-byte chunks. With kTail, rows from
+// `valid` on are zero-filled and never read: a chunk never reads the next sequence's rows.
+template <int kCols, int kThreads, bool kTail, class E>
+__device__ __forceinline__ void load_tile(E* tile, const E* src, long long stride, int valid) {
+    constexpr int kChunks = kChunk * kCols / 8;
+    static_assert(kChunks % kThreads == 0, "whole chunks per thread");
+#pragma unroll
+    for (int i = threadIdx.x; i < kChunks; i += kThreads) {
+        const int row = i / (kCols / 8), col = (i % (kCols / 8)) * 8;
+        const bool inside = !kTail || row < valid;
+        cp_async_16_zfill(smem_addr(tile + swizzled<kCols>(row, col)), src + (inside ? row * stride + col : 0), inside);
+    }
+}
+
+// x / sqrt(sum(x^2) + 1e-6) over each row of a [kChunk][kCols] tile (fla's in-kernel l2norm),
+// rounded back to E. Two threads share a row, each holding its half in 16-byte pieces; the
+// block's first 2 kChunk threads take part.
+template <int kCols, class E>
+__device__ __forceinline__ void l2norm_rows(E* tile) {
+    constexpr int kPieces = kCols / 2 / 8;
+    if (threadIdx.x < 2 * kChunk) {
+        const int row = threadIdx.x / 2, col0 = (threadIdx.x % 2) * (kCols / 2);
+        Vec16<E> piece[kPieces];
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < kPieces; ++i) {
+            piece[i] = *reinterpret_cast<const Vec16<E>*>(tile + swizzled<kCols>(row, col0 + 8 * i));
+#pragma unroll
+            for (int c = 0; c < 8; ++c) sum += to_f32<E>(piece[i].elem[c]) * to_f32<E>(piece[i].elem[c]);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        const float inverse = rsqrtf(sum + 1e-6f);
+#pragma unroll
+        for (int i = 0; i < kPieces; ++i) {
+#pragma unroll
+            for (int c = 0; c < 8; ++c) piece[i].elem[c] = from_f32<E>(to_f32<E>(piece[i].elem[c]) * inverse);
+            *reinterpret_cast<Vec16<E>*>(tile + swizzled<kCols>(row, col0 + 8 * i)) = piece[i];
+        }
+    }
+}
+
+// The in-chunk inclusive cumsum of the gates: lane l holds tokens 2l and 2l + 1 (gates past the
+// sequence end are 0, so they repeat the last token's sum). Returns both of the lane's sums.
+__device__ __forceinline__ float2 gate_cumsum(float g0, float g1, int lane) {
+    float pair = g0 + g1;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+        const float before = __shfl_up_sync(0xffffffffu, pair, offset);
+        if (lane >= offset) pair += before;
+    }
+    return make_float2(pair - g1, pair);
+}
+
+// Gamma of token i (0..63) from the lanes' cumsums.
+__device__ __forceinline__ float gamma_of(float2 gamma, int i) {
+    const float2 pair = make_float2(__shfl_sync(0xffffffffu, gamma.x, i / 2), __shfl_sync(0xffffffffu, gamma.y, i / 2));
+    return i % 2 ? pair.y : pair.x;
+}
+
+}  // namespace gdn
+}  // namespace kgen
