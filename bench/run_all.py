@@ -26,7 +26,9 @@ import bench_attention
 import bench_attention_kernels
 import bench_attention_sweep
 import bench_gdn_chunk
+import bench_gdn_kkt
 import bench_gdn_step
+import bench_gdn_sweep
 import bench_host
 import bench_machinery
 import bench_merge_states
@@ -39,6 +41,8 @@ BENCHMARKS: list[tuple[str, Callable[[Path, argparse.Namespace], list[dict[str, 
     ("attention sweep", bench_attention_sweep.run),
     ("attention kernels", bench_attention_kernels.run),
     ("gdn chunk", bench_gdn_chunk.run),
+    ("gdn kkt", bench_gdn_kkt.run),
+    ("gdn sweep", bench_gdn_sweep.run),
     ("gdn step", bench_gdn_step.run),
 ]
 

@@ -26,7 +26,7 @@ import torch
 from kgen import registry
 from kgen.layout import GDN_CHAIN_COLUMNS, GDN_SEGMENT_FIELDS
 from kgen.ops._checks import check_dense_rows, check_int, check_shape, check_tensor
-from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes, tail_pair
+from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, spec_dtypes, tail_pair
 from kgen.ops.attention_plan import seqlens_from_cu
 from kgen.ops.gdn_plan import ChunkSchedule, plan_chunks
 
@@ -49,6 +49,8 @@ class ChunkGatedDeltaRulePlan:
     schedule: ChunkSchedule
     num_heads_v: int
     head_dim: int
+    #: The recurrence's value columns per block (the spec's tile_n).
+    value_slice: int
     #: int32 [chunks, 2]: first token, tokens (<= 64) of every chunk.
     chunks: np.ndarray
     #: int32 [segments, GDN_SEGMENT_FIELDS]: every segment (empty sequences as segments of 0
@@ -79,12 +81,22 @@ class ChunkGatedDeltaRulePlan:
         return found
 
 
-def _value_slice(head_dim: int) -> int:
-    return registry.current().family(CHUNK_FAMILY).axis_values("tile_n", head_dim=head_dim)[0]
+def _recurrence_shape(head_dim: int, tile_n: int | None) -> tuple[int, int]:
+    """(value slice, blocks per SM) of the recurrence: the spec's first tile_n for the head dim, or ``tile_n``."""
+    family = registry.current().family(CHUNK_FAMILY)
+    slices = family.axis_values("tile_n", head_dim=head_dim)
+    if not slices:
+        raise ValueError(f"head_dim: {head_dim} is not one the spec offers; supported: {family.supported('head_dim')}")
+    if tile_n is None:
+        tile_n = slices[0]
+    elif tile_n not in slices:
+        raise ValueError(f"tile_n: the spec offers {sorted(slices)} at head_dim {head_dim}, got {tile_n!r}")
+    return tile_n, family.axis_values("min_blocks_per_sm", head_dim=head_dim, tile_n=tile_n)[0]
 
 
 def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int = 128, num_sms: int | None = None,
-                                device: torch.device | str | None = None) -> ChunkGatedDeltaRulePlan:
+                                tile_n: int | None = None, device: torch.device | str | None = None
+                                ) -> ChunkGatedDeltaRulePlan:
     """Plan :func:`chunk_gated_delta_rule` for the sequences delimited by ``cu_seqlens``.
 
     Args:
@@ -92,6 +104,7 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
         num_heads_v: HV, the value heads: the split aims at one recurrence block per SM.
         head_dim: K = V.
         num_sms: SMs to fill; default: the current CUDA device's, or 132 without one.
+        tile_n: force the recurrence's value slice (default: the spec's first for the head dim).
         device: copy the tables there now (needed before CUDA-graph capture).
     """
     seqlens = seqlens_from_cu(cu_seqlens, "cu_seqlens")
@@ -101,8 +114,9 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
         num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
             if torch.cuda.is_available() else DEFAULT_NUM_SMS
     check_int("num_sms", num_sms, minimum=1)
-    slices = head_dim // _value_slice(head_dim)
-    schedule = plan_chunks(seqlens, chunk=64, parallel_per_segment=num_heads_v * slices, target_ctas=num_sms)
+    value_slice, blocks_per_sm = _recurrence_shape(head_dim, tile_n)
+    schedule = plan_chunks(seqlens, chunk=64, parallel_per_segment=num_heads_v * (head_dim // value_slice),
+                           target_ctas=num_sms * blocks_per_sm)
     lengths = np.asarray(seqlens, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)])
 
@@ -132,7 +146,8 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
     chains = np.stack([split, base[split], pieces[split] - 1], axis=1).astype(np.int32).reshape(-1, 3)
     if len(rows) > _MAX_GRID_YZ:
         raise ValueError(f"cu_seqlens: {len(rows)} segments; the kernels take at most {_MAX_GRID_YZ}")
-    plan = ChunkGatedDeltaRulePlan(schedule=schedule, num_heads_v=num_heads_v, head_dim=head_dim, chunks=chunks,
+    plan = ChunkGatedDeltaRulePlan(schedule=schedule, num_heads_v=num_heads_v, head_dim=head_dim,
+                                   value_slice=value_slice, chunks=chunks,
                                    segments=rows, summary_segments=rows[rows[:, 5] >= 0], chains=chains,
                                    num_summaries=int(base[-1]))
     if device is not None:
@@ -143,20 +158,21 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
 _kernels = DispatchCache()
 
 
-def _kernels_for(device_index: int, head_dim: int, dtype: torch.dtype, state_layout: str, has_tail: bool):
-    """(kkt, recurrence, summary, chain) launchers and the value slice."""
-    key = (device_index, head_dim, dtype, state_layout, has_tail)
+def _kernels_for(device_index: int, head_dim: int, dtype: torch.dtype, state_layout: str, value_slice: int,
+                 has_tail: bool):
+    """(kkt, recurrence, summary, chain) launchers."""
+    key = (device_index, head_dim, dtype, state_layout, value_slice, has_tail)
     found = _kernels.get(key)
     if found is not None:
         return found
     dtype_name = DTYPE_NAMES[dtype]
     kkt = tail_pair(KKT_FAMILY, head_dim=head_dim, dtype=dtype_name)[0 if has_tail else 1]
-    chunk = tail_pair(CHUNK_FAMILY, head_dim=head_dim, dtype=dtype_name, state_layout=state_layout)[0 if has_tail else 1]
+    chunk = tail_pair(CHUNK_FAMILY, head_dim=head_dim, dtype=dtype_name, state_layout=state_layout,
+                      tile_n=value_slice)[0 if has_tail else 1]
     return _kernels.put(key, (launcher(kkt, "gated_delta_rule_kkt", device_index),
                               launcher(chunk, "gated_delta_rule_chunk", device_index),
                               launcher(chunk, "gated_delta_rule_chunk_summary", device_index),
-                              launcher(chunk, "gated_delta_rule_chunk_chain", device_index),
-                              layout(chunk).sizes["value_slice"]))
+                              launcher(chunk, "gated_delta_rule_chunk_chain", device_index)))
 
 
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
@@ -242,8 +258,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     final = q.new_empty((num_seqs, heads_v, head_dim, head_dim), dtype=torch.float32) if output_final_state else None
     if not num_seqs:
         return out, final
-    kkt, recurrence, summary, chain, slice_v = _kernels_for(device.index, head_dim, q.dtype, state_layout,
-                                                            plan.has_incomplete_tile)
+    slice_v = plan.value_slice
+    kkt, recurrence, summary, chain = _kernels_for(device.index, head_dim, q.dtype, state_layout, slice_v,
+                                                   plan.has_incomplete_tile)
     chunks, segments, summary_segments, chains = plan.tables(device)
     num_chunks = len(plan.chunks)
     tbeta = torch.empty((max(num_chunks, 1), heads_v, 64, 64), device=device, dtype=q.dtype)
