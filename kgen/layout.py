@@ -169,11 +169,12 @@ GDN_CHAIN_COLUMNS, GDN_CHAIN_THREADS = 32, 256
 def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> KernelLayout:
     itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
     chunk, head_dim, slice_v = params["tile_m"], params["head_dim"], params["tile_n"]
-    # Two stages of Q, K, V slice and Tbeta; S's 16-bit copy; W, Vn and decayed Vn.
+    # Two stages of Q, K, V slice and Tbeta; S^T's 16-bit copy; W, Vn and decayed Vn; from a
+    # swizzle-aligned base.
     stage = 2 * chunk * head_dim + chunk * slice_v + chunk * chunk
     elements = 2 * stage + head_dim * slice_v + 3 * chunk * slice_v
     return KernelLayout(
-        threads=params["num_warps"] * 32, dynamic_smem_bytes=elements * itemsize,
+        threads=params["num_warps"] * 32, dynamic_smem_bytes=SWIZZLE_ALIGNMENT + elements * itemsize,
         sizes={"value_slice": slice_v, "chunk": chunk, "segment_fields": GDN_SEGMENT_FIELDS,
                "chain_columns": GDN_CHAIN_COLUMNS, "chain_threads": GDN_CHAIN_THREADS},
         parameters={"gated_delta_rule_chunk": _GDN_RECURRENCE_PARAMETERS,

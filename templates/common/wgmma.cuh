@@ -35,7 +35,8 @@ __device__ __forceinline__ unsigned long long k_major_descriptor(unsigned smem) 
 }
 
 // MN-major (the output dimension contiguous: V in P V), 128-byte swizzle: 8 rows of K
-// (keys) are 1024 bytes apart, and 64-column panels of N `panel_bytes` apart.
+// (keys) are 1024 bytes apart, and 64-column panels of N `panel_bytes` apart. The same
+// describes an M-major A (the transposed-A form of wgmma_ss).
 __device__ __forceinline__ unsigned long long mn_major_descriptor(unsigned smem, unsigned panel_bytes) {
     return smem_descriptor(smem, panel_bytes, 1024, Swizzle::k128B);
 }
@@ -75,25 +76,27 @@ __device__ __forceinline__ void fence_operands(E (&d)[kBlocks][4]) {
 
 // ---- The products: wgmma_ss<N> (A in shared memory) and wgmma_rs<N> (A in registers) ----
 // `accumulate` false overwrites D (scale-d = 0) instead of adding to it. trans_b: B is
-// MN-major (1) or K-major (0). A is K-major in both forms.
-template <int kN, int kTransB> __device__ void wgmma_ss(float (&d)[kN / 8][4], unsigned long long a,
-                                                          unsigned long long b, bool accumulate);
+// MN-major (1) or K-major (0). trans_a (shared-memory A only): A is M-major (1) or K-major (0).
+template <int kN, int kTransB, int kTransA = 0> __device__ void wgmma_ss(float (&d)[kN / 8][4], unsigned long long a,
+                                                                       unsigned long long b, bool accumulate);
 template <int kN, int kTransB> __device__ void wgmma_rs(float (&d)[kN / 8][4], const unsigned (&a)[4],
                                                           unsigned long long b, bool accumulate);
 {% macro accumulators(n) %}{% for i in range(n // 2) %}"+f"(d[{{ i // 4 }}][{{ i % 4 }}]){{ ", " if not loop.last }}{% endfor %}{% endmacro %}
 {% macro registers(first, count) %}{% for i in range(first, first + count) %}%{{ i }}{{ ", " if not loop.last }}{% endfor %}{% endmacro %}
 {% for n in wgmma_widths %}
 {% for trans_b in (0, 1) %}
+{% for trans_a in (0, 1) %}
 
-template <> __device__ __forceinline__ void wgmma_ss<{{ n }}, {{ trans_b }}>(float (&d)[{{ n // 8 }}][4], unsigned long long a,
-                                                              unsigned long long b, bool accumulate) {
+template <> __device__ __forceinline__ void wgmma_ss<{{ n }}, {{ trans_b }}, {{ trans_a }}>(
+        float (&d)[{{ n // 8 }}][4], unsigned long long a, unsigned long long b, bool accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ n // 2 + 2 }}, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n{{ n }}k16.f32.{{ wgmma_input }}.{{ wgmma_input }} "
-        "{ {{- registers(0, n // 2) -}} }, %{{ n // 2 }}, %{{ n // 2 + 1 }}, p, 1, 1, 0, {{ trans_b }};\n}\n"
+        "{ {{- registers(0, n // 2) -}} }, %{{ n // 2 }}, %{{ n // 2 + 1 }}, p, 1, 1, {{ trans_a }}, {{ trans_b }};\n}\n"
         : {{ accumulators(n) }}
         : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
 }
+{% endfor %}
 
 template <> __device__ __forceinline__ void wgmma_rs<{{ n }}, {{ trans_b }}>(float (&d)[{{ n // 8 }}][4], const unsigned (&a)[4],
                                                               unsigned long long b, bool accumulate) {

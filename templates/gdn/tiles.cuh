@@ -1,8 +1,11 @@
 // Shared-memory tiles of the chunked gated delta rule and their mma.sync fragments.
 // Included after common/numeric.cuh, smem.cuh, mma.cuh and cp_async.cuh.
 //
-// A tile is [rows][kCols] 16-bit elements, row-major, its 16-byte chunks XOR-swizzled by row so
-// that the eight row addresses of an ldmatrix hit eight different bank groups. Fragment loads
+// A tile is [kRows][kCols] 16-bit elements stored as wgmma's descriptors read them with a
+// 128-byte swizzle (and as TMA writes them): panels of 64 columns, each [kRows][128 bytes], row r's
+// 16-byte chunk c at c ^ (r % 8), panels 1024-byte aligned. The eight row addresses of an
+// ldmatrix then hit eight different bank groups. (32-column tiles: 64-byte rows, two to a
+// 128-byte line, the XOR stepping every second row; mma.sync operands only.) Fragment loads
 // follow the m16n8k16 operand layouts: A (16x16) row-major, B (16x8) column-major, and the
 // fp32 accumulator C with rows lane/4 and lane/4 + 8, columns 2 (lane % 4) + {0, 1}.
 namespace kgen {
@@ -10,15 +13,14 @@ namespace gdn {
 
 constexpr int kChunk = 64;  // tokens per chunk; a chunk never crosses a sequence
 
-template <int kCols>
+template <int kCols, int kRows = kChunk>
 __device__ __forceinline__ int swizzled(int row, int col) {
-    constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
-    static_assert(kChunks == 4 || kChunks == 8 || kChunks == 16, "tile rows of 64, 128 or 256 bytes");
-    // Rows of 64 bytes pair up in a 128-byte line, so the XOR steps every second row.
-    constexpr int kRowsPerLine = kChunks >= 8 ? 1 : 8 / kChunks;
-    constexpr int kMask = (kChunks >= 8 ? 8 : kChunks) - 1;
-    const int chunk = (col >> 3) ^ ((row / kRowsPerLine) & kMask);
-    return row * kCols + chunk * 8 + (col & 7);
+    static_assert(kCols == 32 || kCols % 64 == 0, "tiles of 32 columns or of whole 64-column panels");
+    if constexpr (kCols == 32) {
+        return row * 32 + (((col >> 3) ^ ((row / 2) & 3)) << 3) + (col & 7);
+    } else {
+        return (col / 64) * kRows * 64 + row * 64 + ((((col % 64) >> 3) ^ (row % 8)) << 3) + (col & 7);
+    }
 }
 
 // A fragment of rows [m0, m0 + 16) x columns [k0, k0 + 16) of a row-major [m][k] tile.
@@ -57,14 +59,14 @@ __device__ __forceinline__ void accumulators_as_a(unsigned (&a)[kTiles / 2][4], 
     }
 }
 
-// Accumulators of rows [m0, m0 + 16) x columns [0, 8 kTiles) into a tile, as E.
-template <int kCols, class E, int kTiles>
+// Accumulators of rows [m0, m0 + 16) x columns [0, 8 kTiles) into a [kRows][kCols] tile, as E.
+template <int kCols, class E, int kTiles, int kRows = kChunk>
 __device__ __forceinline__ void store_accumulators(E* tile, const float (&c)[kTiles][4], int m0, int lane) {
     const int row = m0 + lane / 4, col = 2 * (lane % 4);
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
-        *reinterpret_cast<unsigned*>(tile + swizzled<kCols>(row, 8 * n + col)) = pack2<E>(c[n][0], c[n][1]);
-        *reinterpret_cast<unsigned*>(tile + swizzled<kCols>(row + 8, 8 * n + col)) = pack2<E>(c[n][2], c[n][3]);
+        *reinterpret_cast<unsigned*>(tile + swizzled<kCols, kRows>(row, 8 * n + col)) = pack2<E>(c[n][0], c[n][1]);
+        *reinterpret_cast<unsigned*>(tile + swizzled<kCols, kRows>(row + 8, 8 * n + col)) = pack2<E>(c[n][2], c[n][3]);
     }
 }
 
