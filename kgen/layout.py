@@ -157,6 +157,7 @@ def _gated_delta_rule_kkt(params: Mapping[str, Any]) -> KernelLayout:
 
 
 _GDN_RECURRENCE_PARAMETERS = _parameters(
+    "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, kgen::TmaDescriptor map_tbeta, "
     "const T* q, const T* k, const T* v, const float* g, const T* tbeta, const int* segments, "
     "const float* initial_state, const float* start_states, float* summary, T* out, float* final_state, "
     "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm")
@@ -169,13 +170,13 @@ GDN_CHAIN_COLUMNS, GDN_CHAIN_THREADS = 32, 256
 def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> KernelLayout:
     itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
     chunk, head_dim, slice_v = params["tile_m"], params["head_dim"], params["tile_n"]
-    # Two stages of Q, K, V slice and Tbeta; S^T's 16-bit copy; W, Vn and decayed Vn; from a
-    # swizzle-aligned base.
+    # Two stages of Q, K, V slice and Tbeta; S^T's 16-bit copy; W, Vn and decayed Vn; a stage's
+    # mbarrier each (padded to 64 bytes); from a swizzle-aligned base.
     stage = 2 * chunk * head_dim + chunk * slice_v + chunk * chunk
     elements = 2 * stage + head_dim * slice_v + 3 * chunk * slice_v
     return KernelLayout(
-        threads=params["num_warps"] * 32, dynamic_smem_bytes=SWIZZLE_ALIGNMENT + elements * itemsize,
-        sizes={"value_slice": slice_v, "chunk": chunk, "segment_fields": GDN_SEGMENT_FIELDS,
+        threads=params["num_warps"] * 32, dynamic_smem_bytes=SWIZZLE_ALIGNMENT + elements * itemsize + 64,
+        sizes={"value_slice": slice_v, "chunk": chunk, "segment_fields": GDN_SEGMENT_FIELDS, "box_span_bytes": 128,
                "chain_columns": GDN_CHAIN_COLUMNS, "chain_threads": GDN_CHAIN_THREADS},
         parameters={"gated_delta_rule_chunk": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_summary": _GDN_RECURRENCE_PARAMETERS,

@@ -18,14 +18,15 @@ it the op never synchronises with the device and can be captured in a CUDA graph
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from kgen import registry
+from kgen import registry, tma
 from kgen.layout import GDN_CHAIN_COLUMNS, GDN_SEGMENT_FIELDS
-from kgen.ops._checks import check_dense_rows, check_int, check_shape, check_tensor
+from kgen.ops._checks import INT32_LIMIT, check_dense_rows, check_int, check_shape, check_tensor
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, spec_dtypes, tail_pair
 from kgen.ops.attention_plan import seqlens_from_cu
 from kgen.ops.gdn_plan import ChunkSchedule, plan_chunks
@@ -156,6 +157,20 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
 
 
 _kernels = DispatchCache()
+# The recurrence's TMA descriptors, per calling thread (a patch must not race another thread's
+# launch) and tensor layout; a tensor at a new address only patches its descriptor.
+_maps: dict[tuple, tma.TensorMaps] = {}
+
+
+def _tensor_maps(q3, k3, v3, tbeta3) -> tuple:
+    key = (threading.get_ident(), q3.device.index, q3.dtype) + tuple(
+        (tuple(t.shape), tuple(t.stride())) for t in (q3, k3, v3, tbeta3))
+    maps = _maps.get(key)
+    if maps is None:
+        if len(_maps) > 64:  # layouts come and go with batch shapes; keep the table small
+            _maps.clear()
+        maps = _maps[key] = tma.TensorMaps({role: 64 for role in "qkvt"}, 128)
+    return tuple(maps.get(role, t) for role, t in zip("qkvt", (q3, k3, v3, tbeta3)))
 
 
 def _kernels_for(device_index: int, head_dim: int, dtype: torch.dtype, state_layout: str, value_slice: int,
@@ -263,6 +278,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                                                    plan.has_incomplete_tile)
     chunks, segments, summary_segments, chains = plan.tables(device)
     num_chunks = len(plan.chunks)
+    if max(num_chunks, 1) * heads_v * 64 > INT32_LIMIT:
+        raise ValueError(f"q: {num_chunks} chunks x {heads_v} v-heads exceed the kernels' 32-bit row indices")
     tbeta = torch.empty((max(num_chunks, 1), heads_v, 64, 64), device=device, dtype=q.dtype)
     beta_is_fp32 = int(beta.dtype is torch.float32)
     l2norm = int(use_qk_l2norm_in_kernel)
@@ -270,16 +287,19 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         kkt((num_chunks, heads), k.data_ptr(), g.data_ptr(), beta.data_ptr(), beta_is_fp32, chunks.data_ptr(),
             tbeta.data_ptr(), heads, heads_v, l2norm)
     initial = 0 if initial_state is None else initial_state.data_ptr()
+    # Tokens by heads by features for TMA (B x T flattened); Tbeta as rows of 64.
+    maps = _tensor_maps(q.view(-1, heads, head_dim), k.view(-1, heads, head_dim), v.view(-1, heads_v, head_dim),
+                        tbeta.view(-1, 1, 64))
     summaries = starts = None
     if plan.num_summaries:
         summaries = torch.empty((plan.num_summaries, heads_v, head_dim, 2 * head_dim), device=device, dtype=torch.float32)
         starts = torch.empty((plan.num_summaries, heads_v, head_dim, head_dim), device=device, dtype=torch.float32)
-        summary((2 * head_dim // slice_v, heads_v, len(plan.summary_segments)), q.data_ptr(), k.data_ptr(),
+        summary((2 * head_dim // slice_v, heads_v, len(plan.summary_segments)), *maps, q.data_ptr(), k.data_ptr(),
                 v.data_ptr(), g.data_ptr(), tbeta.data_ptr(), summary_segments.data_ptr(), 0, 0,
                 summaries.data_ptr(), 0, 0, heads, heads_v, np.float32(scale), l2norm)
         chain((head_dim // GDN_CHAIN_COLUMNS, heads_v, len(plan.chains)), summaries.data_ptr(), initial,
               starts.data_ptr(), chains.data_ptr(), heads_v)
-    recurrence((head_dim // slice_v, heads_v, len(plan.segments)), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+    recurrence((head_dim // slice_v, heads_v, len(plan.segments)), *maps, q.data_ptr(), k.data_ptr(), v.data_ptr(),
                g.data_ptr(), tbeta.data_ptr(), segments.data_ptr(), initial,
                0 if starts is None else starts.data_ptr(), 0, out.data_ptr(),
                0 if final is None else final.data_ptr(), heads, heads_v, np.float32(scale), l2norm)
