@@ -85,30 +85,24 @@ __device__ __forceinline__ void load_tile(E* tile, const E* src, long long strid
     }
 }
 
-// x / sqrt(sum(x^2) + 1e-6) over each row of a [kChunk][kCols] tile (fla's in-kernel l2norm),
-// rounded back to E. Two threads share a row, each holding its half in 16-byte pieces; the
-// block's first 2 kChunk threads take part.
+// 1 / sqrt(sum(x^2) + 1e-6) of each row of a [kChunk][kCols] tile into scales[kChunk]: fla's in-kernel
+// l2norm, x / sqrt(sum(x^2) + eps), applied by the kernels as row (and column) scales of their
+// products, so the normalised vectors are never rounded to 16 bits. Two threads share a row;
+// the block's first 2 kChunk threads take part.
 template <int kCols, class E>
-__device__ __forceinline__ void l2norm_rows(E* tile) {
+__device__ __forceinline__ void inverse_row_norms(const E* tile, float* scales) {
     constexpr int kPieces = kCols / 2 / 8;
     if (threadIdx.x < 2 * kChunk) {
         const int row = threadIdx.x / 2, col0 = (threadIdx.x % 2) * (kCols / 2);
-        Vec16<E> piece[kPieces];
         float sum = 0.f;
 #pragma unroll
         for (int i = 0; i < kPieces; ++i) {
-            piece[i] = *reinterpret_cast<const Vec16<E>*>(tile + swizzled<kCols>(row, col0 + 8 * i));
+            const Vec16<E> piece = *reinterpret_cast<const Vec16<E>*>(tile + swizzled<kCols>(row, col0 + 8 * i));
 #pragma unroll
-            for (int c = 0; c < 8; ++c) sum += to_f32<E>(piece[i].elem[c]) * to_f32<E>(piece[i].elem[c]);
+            for (int c = 0; c < 8; ++c) sum += to_f32<E>(piece.elem[c]) * to_f32<E>(piece.elem[c]);
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        const float inverse = rsqrtf(sum + 1e-6f);
-#pragma unroll
-        for (int i = 0; i < kPieces; ++i) {
-#pragma unroll
-            for (int c = 0; c < 8; ++c) piece[i].elem[c] = from_f32<E>(to_f32<E>(piece[i].elem[c]) * inverse);
-            *reinterpret_cast<Vec16<E>*>(tile + swizzled<kCols>(row, col0 + 8 * i)) = piece[i];
-        }
+        if (threadIdx.x % 2 == 0) scales[row] = rsqrtf(sum + 1e-6f);
     }
 }
 
