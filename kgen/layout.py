@@ -170,11 +170,10 @@ GDN_CHAIN_COLUMNS, GDN_CHAIN_THREADS = 32, 256
 def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> KernelLayout:
     itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
     chunk, head_dim, slice_v = params["tile_m"], params["head_dim"], params["tile_n"]
-    # Two stages of Q, K, V slice and Tbeta; S^T's 16-bit copy; W, Vn and decayed Vn; a stage's
-    # mbarrier each and q's and k's l2norm row scales, padded to 64 bytes; from a swizzle-aligned base.
-    stage = 2 * chunk * head_dim + chunk * slice_v + chunk * chunk
-    elements = 2 * stage + head_dim * slice_v + 3 * chunk * slice_v
-    small_bytes = -(-(2 * 8 + 2 * chunk * 4) // 64) * 64
+    # K twice, Q, the V slice and Tbeta once; S^T's 16-bit copy; W (then Vn) and decayed Vn; five
+    # mbarriers and q's and k's l2norm row scales, padded to 64 bytes; from a swizzle-aligned base.
+    elements = 3 * chunk * head_dim + chunk * slice_v + chunk * chunk + head_dim * slice_v + 2 * chunk * slice_v
+    small_bytes = -(-(5 * 8 + 2 * chunk * 4) // 64) * 64
     return KernelLayout(
         threads=params["num_warps"] * 32, dynamic_smem_bytes=SWIZZLE_ALIGNMENT + elements * itemsize + small_bytes,
         sizes={"value_slice": slice_v, "chunk": chunk, "segment_fields": GDN_SEGMENT_FIELDS, "box_span_bytes": 128,
