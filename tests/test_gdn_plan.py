@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kgen.ops.gdn_plan import choose_segment_chunks, plan_chunks
+from kgen.ops.gdn_plan import RecurrenceCosts, choose_segment_chunks, plan_chunks
 
 lengths = st.lists(st.integers(0, 3000) | st.sampled_from([1, 63, 64, 65, 127, 128, 129]), max_size=12)
 
@@ -16,11 +18,29 @@ def model_chunks(seqlens, chunk):
     return [(s, c) for s, n in enumerate(seqlens) for c in range(-(-n // chunk))]
 
 
+def model_time(counts, length, parallel, summary_blocks, costs):
+    """The planner's cost model, restated one sequence at a time."""
+    def phase(blocks, work, longest):
+        if blocks <= costs.num_sms:
+            return longest
+        slots = costs.num_sms * costs.blocks_per_sm
+        return costs.shared * max(longest * math.ceil(blocks / slots), work / slots)
+    pieces = [math.ceil(c / length) for c in counts]
+    forward = phase(sum(pieces) * parallel, sum(counts) * parallel, min(length, max(counts)))
+    if all(n <= 1 for n in pieces):
+        return forward
+    summary_blocks_total = sum(n - 1 for n in pieces if n > 1) * summary_blocks
+    summarised = sum((n - 1) * length for n in pieces if n > 1)
+    return (costs.split_overhead + costs.summary * phase(summary_blocks_total, summarised * summary_blocks, length)
+            + costs.chain_step * max(n - 1 for n in pieces) + forward)
+
+
 @settings(max_examples=200, deadline=None)
-@given(seqlens=lengths, chunk=st.sampled_from([16, 64]), parallel=st.integers(1, 64), target=st.integers(0, 600),
-       min_chunks=st.integers(1, 16))
-def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, target, min_chunks):
-    plan = plan_chunks(seqlens, chunk=chunk, parallel_per_segment=parallel, target_ctas=target,
+@given(seqlens=lengths, chunk=st.sampled_from([16, 64]), parallel=st.integers(1, 64), sms=st.integers(1, 200),
+       split=st.booleans(), min_chunks=st.integers(1, 16))
+def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, sms, split, min_chunks):
+    costs = RecurrenceCosts(num_sms=sms) if split else None
+    plan = plan_chunks(seqlens, chunk=chunk, parallel_per_segment=parallel, costs=costs,
                        min_segment_chunks=min_chunks)
     assert [tuple(x) for x in plan.chunk_indices.tolist()] == model_chunks(seqlens, chunk)
     counts = [-(-n // chunk) for n in seqlens]
@@ -42,35 +62,63 @@ def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, target, m
     sizes = plan.segments[:, 2].tolist()
     assert sizes == sorted(sizes, reverse=True)
 
-    # The segment length: the fewest segments (of at least min_chunks) that reach the target, as even as can be.
-    def segments(length):
-        return sum(-(-c // length) for c in counts)
+    # The segment length: the fastest in the model among the even splits of the longest sequence.
     longest = max(counts, default=0)
-    if longest <= min_chunks:
+    if costs is None or longest <= min_chunks:
         assert seg == max(longest, 1)
     else:
-        lengths_allowed = range(min_chunks, longest + 1)
-        reaching = [n for n in lengths_allowed if segments(n) * parallel >= target]
-        fewest = segments(max(reaching) if reaching else min_chunks)
-        assert seg == min(n for n in lengths_allowed if segments(n) == fewest)
+        candidates = sorted({math.ceil(longest / k) for k in range(1, longest // min_chunks + 1)}, reverse=True)
+        times = [model_time(counts, n, parallel, 2 * parallel, costs) for n in candidates]
+        best = min(times)
+        assert seg == next(n for n, t in zip(candidates, times) if t == best)
 
 
-def test_one_long_sequence_is_split_to_fill_the_gpu():
-    # 1 x 32k tokens at 32 v-heads: 512 chunks; 264 CTAs (two per SM) need 9 segments of 57 chunks.
-    plan = plan_chunks([32768], parallel_per_segment=32, target_ctas=264)
-    assert plan.segment_chunks == 57 and len(plan.segments) == 9
-    assert plan.segments[:, 2].sum() == 512
-    # Many sequences already fill it: no split.
-    assert plan_chunks([1024] * 64, parallel_per_segment=32, target_ctas=264).segment_chunks == 16
-    assert choose_segment_chunks(np.array([512]), parallel_per_segment=32, target_ctas=0, min_segment_chunks=8) == 512
+def test_splits_only_where_the_model_says_it_pays():
+    costs = RecurrenceCosts()
+    # 1 x 32k tokens at 8 v-heads (16 blocks a segment): a long serial chain on a few SMs; split.
+    plan = plan_chunks([32768], parallel_per_segment=16, costs=costs)
+    assert len(plan.segments) > 4 and plan.segments[:, 2].sum() == 512
+    # 4 x 8k at 32 v-heads already fills two blocks per SM: a split only adds the summaries.
+    assert len(plan_chunks([8192] * 4, parallel_per_segment=64, costs=costs).segments) == 4
+    assert choose_segment_chunks(np.array([512]), parallel_per_segment=32, summary_per_segment=64, costs=None,
+                                 min_segment_chunks=8) == 512
 
 
 @pytest.mark.parametrize("bad,error", [
     (dict(seqlens=[1, -1]), ValueError), (dict(seqlens=[True]), TypeError), (dict(seqlens=(1.5,)), TypeError),
-    (dict(seqlens=[8], chunk=0), ValueError), (dict(seqlens=[8], target_ctas=-1), ValueError),
+    (dict(seqlens=[8], chunk=0), ValueError), (dict(seqlens=[8], summary_per_segment=0), ValueError),
     (dict(seqlens=[8], parallel_per_segment=0), ValueError), (dict(seqlens=[2**31]), ValueError),
 ])
 def test_bad_plans_are_refused_with_the_argument_named(bad, error):
     name = next(k for k in bad if k != "seqlens") if len(bad) > 1 else "seqlens"
     with pytest.raises(error, match=name):
         plan_chunks(**bad)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seqlens=lengths, heads_v=st.sampled_from([1, 2, 8, 32]), sms=st.sampled_from([1, 132, 4096]))
+def test_op_tables_match_the_model(seqlens, heads_v, sms):
+    """plan_chunk_gated_delta_rule's tables (what the kernels read) against a model built sequence by sequence."""
+    from kgen.ops import plan_chunk_gated_delta_rule
+    cu = [0, *np.cumsum(seqlens).tolist()]
+    plan = plan_chunk_gated_delta_rule(cu, num_heads_v=heads_v, head_dim=128, num_sms=sms)
+    schedule = plan.schedule
+    assert plan.chunks.tolist() == [[cu[s] + 64 * c, min(64, seqlens[s] - 64 * c)] for s, c in model_chunks(seqlens, 64)]
+    rows, chains, base = [], [], 0
+    for s, n in enumerate(seqlens):
+        mine = sorted((first, count) for seq, first, count in schedule.segments.tolist() if seq == s)
+        if n == 0:
+            rows.append([s, cu[s], cu[s], 0, 0, -1, -1, 1])
+            continue
+        for j, (first, count) in enumerate(mine):
+            last = j == len(mine) - 1
+            rows.append([s, cu[s] + 64 * first, cu[s + 1], int(schedule.chunk_offsets[s]) + first, count,
+                         -1 if last else base + j, base + j - 1 if j else -1, int(last)])
+        if len(mine) > 1:
+            chains.append([s, base, len(mine) - 1])
+            base += len(mine) - 1
+    got = plan.segments.tolist()
+    assert sorted(got) == sorted(rows)
+    assert [r[4] for r in got] == sorted((r[4] for r in got), reverse=True)  # the longest first
+    assert plan.summary_segments.tolist() == [r for r in got if r[5] >= 0]
+    assert plan.chains.tolist() == chains and plan.num_summaries == base

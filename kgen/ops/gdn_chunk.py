@@ -29,7 +29,7 @@ from kgen.layout import GDN_CHAIN_COLUMNS, GDN_SEGMENT_FIELDS
 from kgen.ops._checks import INT32_LIMIT, check_dense_rows, check_int, check_shape, check_tensor
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, spec_dtypes, tail_pair
 from kgen.ops.attention_plan import seqlens_from_cu
-from kgen.ops.gdn_plan import ChunkSchedule, plan_chunks
+from kgen.ops.gdn_plan import ChunkSchedule, RecurrenceCosts, plan_chunks
 
 KKT_FAMILY = "gated_delta_rule_kkt"
 CHUNK_FAMILY = "gated_delta_rule_chunk"
@@ -102,9 +102,9 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
 
     Args:
         cu_seqlens: host data (a list of ints or a CPU tensor), ``[0, n0, n0 + n1, ...]``.
-        num_heads_v: HV, the value heads: the split aims at one recurrence block per SM.
+        num_heads_v: HV, the value heads (with the head dim, the blocks per segment).
         head_dim: K = V.
-        num_sms: SMs to fill; default: the current CUDA device's, or 132 without one.
+        num_sms: the SMs the split is planned for; default: the current CUDA device's, or 132 without one.
         tile_n: force the recurrence's value slice (default: the spec's first for the head dim).
         device: copy the tables there now (needed before CUDA-graph capture).
     """
@@ -116,8 +116,11 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
             if torch.cuda.is_available() else DEFAULT_NUM_SMS
     check_int("num_sms", num_sms, minimum=1)
     value_slice, blocks_per_sm = _recurrence_shape(head_dim, tile_n)
-    schedule = plan_chunks(seqlens, chunk=64, parallel_per_segment=num_heads_v * (head_dim // value_slice),
-                           target_ctas=num_sms * blocks_per_sm)
+    slices = head_dim // value_slice
+    # The summary covers K + V = 2 K columns.
+    schedule = plan_chunks(seqlens, chunk=64, parallel_per_segment=num_heads_v * slices,
+                           summary_per_segment=2 * num_heads_v * slices,
+                           costs=RecurrenceCosts(num_sms=num_sms, blocks_per_sm=blocks_per_sm))
     lengths = np.asarray(seqlens, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)])
 

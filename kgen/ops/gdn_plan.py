@@ -4,8 +4,10 @@ Sequences are cut into chunks of ``chunk`` tokens that never cross a sequence; a
 chunk may be partial. The state recurrence runs chunk after chunk, so one long sequence is a
 serial chain: to fill the GPU the planner splits sequences into segments of whole chunks, which
 run side by side from a zero state; each segment's initial state is then corrected exactly with
-the transitions of the segments before it (the kernels' job). Plans are built from host data
-only, so a run never synchronises with the device.
+the transitions of the segments before it (the kernels' job). A split costs a summary pass over
+the split segments, so the planner splits only where a model of the kernels' time
+(:class:`RecurrenceCosts`) says it pays. Plans are built from host data only, so a run never
+synchronises with the device.
 """
 
 from __future__ import annotations
@@ -39,51 +41,76 @@ def _segments_per_sequence(chunks: np.ndarray, segment_chunks: int) -> np.ndarra
     return -(-chunks // segment_chunks)
 
 
-def choose_segment_chunks(chunks: np.ndarray, *, parallel_per_segment: int, target_ctas: int,
-                          min_segment_chunks: int) -> int:
-    """The segment length (in chunks): the fewest segments that give at least ``target_ctas`` CTAs, as even as
-    those segments can be.
+@dataclass(frozen=True)
+class RecurrenceCosts:
+    """The planner's model of the recurrence kernels, in units of one chunk of one block alone on an SM.
 
-    A segment runs as ``parallel_per_segment`` CTAs (v-heads x V slices). Fewer segments mean
-    fewer state corrections; among splits into as many segments, the shortest length makes the
-    shortest serial chain. Segments never get shorter than ``min_segment_chunks``, and a batch that
-    fills the GPU unsplit is not split.
+    Measured on the H200 (bench/NOTES.md, gated delta rule): two blocks sharing an SM each take
+    1.47x as long per chunk; a summary block (no outputs) takes about ``summary`` of a forward
+    block's time per chunk; a chain step costs about ``chain_step`` chunks, and a split batch
+    ``split_overhead`` more (two more launches, and the summary's pipeline fill).
     """
+
+    num_sms: int = 132
+    blocks_per_sm: int = 2
+    shared: float = 1.47
+    summary: float = 0.9
+    chain_step: float = 3.0
+    split_overhead: float = 5.0
+
+    def phase(self, blocks: int, work: float, longest: int) -> float:
+        """Time of a launch of ``blocks`` blocks doing ``work`` block-chunks, the longest ``longest`` chunks."""
+        if blocks <= self.num_sms:
+            return float(longest)
+        slots = self.num_sms * self.blocks_per_sm
+        return self.shared * max(longest * -(-blocks // slots), work / slots)
+
+
+def estimated_time(chunks: np.ndarray, segment_chunks: int, *, parallel_per_segment: int,
+                   summary_per_segment: int, costs: RecurrenceCosts) -> float:
+    """The model's time of the recurrence with sequences of ``chunks`` split into ``segment_chunks``-chunk segments:
+    the summaries of all but each sequence's last segment, their chain, then every segment forward."""
+    pieces = _segments_per_sequence(chunks, segment_chunks)
+    forward = costs.phase(int(pieces.sum()) * parallel_per_segment, float(chunks.sum()) * parallel_per_segment,
+                          int(min(segment_chunks, chunks.max(initial=0))))
+    split = pieces > 1
+    if not split.any():
+        return forward
+    summarised = (pieces[split] - 1) * segment_chunks  # the chunks of every segment but the last
+    summary = costs.summary * costs.phase(int((pieces[split] - 1).sum()) * summary_per_segment,
+                                          float(summarised.sum()) * summary_per_segment, segment_chunks)
+    return costs.split_overhead + summary + costs.chain_step * float((pieces - 1).max()) + forward
+
+
+def choose_segment_chunks(chunks: np.ndarray, *, parallel_per_segment: int, summary_per_segment: int,
+                          costs: RecurrenceCosts | None, min_segment_chunks: int) -> int:
+    """The segment length (in chunks) the cost model finds fastest, among those that split the longest
+    sequence evenly and are at least ``min_segment_chunks``; on a tie the longer (fewer segments).
+    ``costs`` None never splits."""
     longest = int(chunks.max(initial=0))
-    if longest <= min_segment_chunks:
+    if costs is None or longest <= min_segment_chunks:
         return max(longest, 1)
-
-    def ctas(segment_chunks: int) -> int:
-        return int(_segments_per_sequence(chunks, segment_chunks).sum()) * parallel_per_segment
-
-    if ctas(longest) >= target_ctas:
-        return longest
-    # ctas() only grows as segments shrink. First the longest length that reaches the target ...
-    low, high = min_segment_chunks, longest  # ctas(high) < target
-    if ctas(low) >= target_ctas:
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if ctas(middle) >= target_ctas else (low, middle)
-    # ... then the shortest one that splits into as many segments.
-    fewest = ctas(low)
-    high, low = low, min_segment_chunks - 1  # ctas(high) == fewest; ctas(low) > fewest, or low is below the floor
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (low, middle) if ctas(middle) == fewest else (middle, high)
-    return high
+    candidates = sorted({-(-longest // k) for k in range(1, longest // min_segment_chunks + 1)}, reverse=True)
+    times = [estimated_time(chunks, n, parallel_per_segment=parallel_per_segment,
+                            summary_per_segment=summary_per_segment, costs=costs) for n in candidates]
+    return candidates[int(np.argmin(times))]  # argmin takes the first, the longest, of equal times
 
 
 def plan_chunks(seqlens: Sequence[int], *, chunk: int = 64, parallel_per_segment: int = 1,
-                target_ctas: int = 0, min_segment_chunks: int = 8) -> ChunkSchedule:
+                summary_per_segment: int | None = None, costs: RecurrenceCosts | None = None,
+                min_segment_chunks: int = 8) -> ChunkSchedule:
     """The chunks and segments of a batch of sequences of ``seqlens`` tokens (see the module docstring).
 
-    ``target_ctas`` (e.g. two per SM) is what the split aims to fill with ``parallel_per_segment``
-    CTAs per segment; 0 never splits.
+    A segment runs as ``parallel_per_segment`` forward blocks (v-heads x value slices) and, when a
+    later segment needs its summary, ``summary_per_segment`` summary blocks (default twice as many:
+    the summary has K + V columns). The split is the one ``costs`` models fastest; None never splits.
     """
     lengths = check_seqlens("seqlens", seqlens)
     check_int("chunk", chunk, minimum=1)
     check_int("parallel_per_segment", parallel_per_segment, minimum=1)
-    check_int("target_ctas", target_ctas, minimum=0)
+    if summary_per_segment is None:
+        summary_per_segment = 2 * parallel_per_segment
+    check_int("summary_per_segment", summary_per_segment, minimum=1)
     check_int("min_segment_chunks", min_segment_chunks, minimum=1)
     chunks = -(-lengths // chunk)
     offsets = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
@@ -91,7 +118,8 @@ def plan_chunks(seqlens: Sequence[int], *, chunk: int = 64, parallel_per_segment
     chunk_indices = np.stack([seq, np.arange(seq.size) - offsets[seq]], axis=1).astype(np.int32)
 
     segment_chunks = choose_segment_chunks(chunks, parallel_per_segment=parallel_per_segment,
-                                           target_ctas=target_ctas, min_segment_chunks=min_segment_chunks)
+                                           summary_per_segment=summary_per_segment, costs=costs,
+                                           min_segment_chunks=min_segment_chunks)
     pieces = _segments_per_sequence(chunks, segment_chunks)
     seg_seq = np.repeat(np.arange(len(lengths)), pieces)
     seg_index = np.arange(seg_seq.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
