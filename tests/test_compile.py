@@ -172,6 +172,51 @@ def test_attention_sass_has_its_kernels_instructions_and_no_local_memory(name, t
     assert not local, f"{variant.name}: local memory accesses: {local[:5]}"
 
 
+def _gdn_variants(family_name: str):
+    family = kgen.registry.current().family(family_name)
+    return [v for v in family.variants if v.param_dict["dtype"] == "bf16"]
+
+
+# The chunked gated delta rule's recurrence on wgmma: K S, Q S and P = Q K^T from descriptors,
+# P Vn with P from registers (forward only), S^T += Vn^T K (64 x head_dim); TMA for full chunks.
+_GDN_RECURRENCE = {
+    "HGMMA SS 64x64": re.compile(r"\bHGMMA\.64x64x16\.F32\.BF16 R\d+, gdesc\["),
+    "HGMMA S^T update": re.compile(r"\bHGMMA\.64x{head_dim}x16\.F32\.BF16 R\d+, gdesc\["),
+    "UTMALDG": re.compile(r"\bUTMALDG\.3D\b"),
+}
+_HGMMA_RS = re.compile(r"\bHGMMA\.64x64x16\.F32\.BF16 R\d+, R\d+, gdesc\[")
+
+
+@pytest.mark.parametrize("name", [v.name for v in _gdn_variants("gated_delta_rule_chunk")], ids=lambda n: n.split("[")[1])
+def test_gdn_recurrence_sass_is_wgmma_and_tma_with_no_local_memory(name, tmp_path):
+    variant = next(v for v in _gdn_variants("gated_delta_rule_chunk") if v.name == name)
+    params = variant.param_dict
+    cubin, _ = _compiled(variant.name)
+    functions = sass_by_function(cubin, tmp_path)
+    for entry in ("gated_delta_rule_chunk", "gated_delta_rule_chunk_summary"):
+        text = functions[entry]
+        for what, pattern in _GDN_RECURRENCE.items():
+            assert re.compile(pattern.pattern.format(head_dim=params["head_dim"])).search(text), f"{entry}: no {what}"
+        # O += P Vn takes P from registers; the summary has no output.
+        assert bool(_HGMMA_RS.search(text)) is (entry == "gated_delta_rule_chunk"), entry
+        # Predicated cp.async exists only where a chunk may be incomplete.
+        assert bool(_CP_ASYNC.search(text)) is params["has_incomplete_tile"], entry
+        local = [line.strip() for line in text.splitlines() if _LOCAL.search(line)]
+        assert not local, f"{entry}: local memory accesses: {local[:5]}"
+
+
+@pytest.mark.parametrize("name", [v.name for v in _gdn_variants("gated_delta_rule_kkt")
+                                  if v.param_dict["min_blocks_per_sm"] == 4], ids=lambda n: n.split("[")[1])
+def test_gdn_kkt_sass_is_mma_sync_with_no_local_memory(name, tmp_path):
+    # 4 blocks per SM, the default; 6 and 8 cap registers below what the kernel needs (see its spec).
+    cubin, _ = _compiled(name)
+    text = sass_by_function(cubin, tmp_path)["gated_delta_rule_kkt"]
+    assert re.search(r"\bHMMA\.16816\.F32\.BF16\b", text) and re.search(r"\bHMMA\.16816\.F32\b", text)
+    assert re.search(r"\bLDSM\.16\.M88\.4\b", text) and re.search(r"\bLDSM\.16\.MT88\.4\b", text)
+    local = [line.strip() for line in text.splitlines() if _LOCAL.search(line)]
+    assert not local, f"{name}: local memory accesses: {local[:5]}"
+
+
 def test_sass_patterns_match_what_they_should():
     # The SASS checks above are only as good as these regular expressions.
     assert _LDG_128.search("/*1290*/ LDG.E.EF.128 R4, desc[UR8][R4.64] ;")

@@ -90,7 +90,7 @@ lengths_st = st.lists(st.one_of(st.integers(1, 200), st.integers(1, 3000), st.in
                                 st.integers(1, 46).map(lambda m: 64 * m)), min_size=1, max_size=4)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=lengths_st, heads=st.integers(1, 2), group=st.sampled_from([1, 2, 4]), dtype=st.sampled_from(sorted(DTYPES)),
        layout=st.sampled_from(["kv", "vk"]), l2norm=st.booleans(), beta_fp32=st.booleans(), with_initial=st.booleans(),
        split=st.booleans(), data=st.data())

@@ -137,3 +137,22 @@ def test_a_host_layout_that_disagrees_with_the_template_fails_to_compile(monkeyp
             compile_cubin(render(variant), "sm_90a", variant.name)
     finally:
         layout_module._layout.cache_clear()
+
+
+# The gated delta rule's chunk kernels: a few values the schema admits but the templates cannot run,
+# one axis at a time; each must fail to compile with a message naming its family and axis. (A full
+# sweep, as above, would compile hundreds of these large kernels.)
+@pytest.mark.parametrize("family_name, axis, value", [
+    ("gated_delta_rule_kkt", "head_dim", 96), ("gated_delta_rule_kkt", "tile_m", 128),
+    ("gated_delta_rule_kkt", "num_warps", 8),
+    ("gated_delta_rule_chunk", "head_dim", 256), ("gated_delta_rule_chunk", "tile_m", 32),
+    ("gated_delta_rule_chunk", "tile_n", 128), ("gated_delta_rule_chunk", "num_warps", 8),
+    ("gated_delta_rule_chunk", "min_blocks_per_sm", 4),
+])
+def test_gdn_values_the_templates_cannot_run_fail_with_their_axis(family_name, axis, value):
+    base = next(v for v in registry.current().family(family_name).variants if is_base(v))
+    variant = Variant(base.family, tuple((k, value if k == axis else v) for k, v in base.params), base.spec_path)
+    with pytest.raises(CompileError) as failure:
+        compile_cubin(render(variant), "sm_90a", variant.name)
+    message = str(failure.value)
+    assert f'"{family_name}: ' in message and axis in message.split("static assertion failed", 1)[1], message[-400:]
