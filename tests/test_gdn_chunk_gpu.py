@@ -60,7 +60,7 @@ def make_inputs(lengths, heads, group, head_dim, dtype, l2norm, beta_fp32, seed,
 
 
 def check_against_reference(lengths, heads, group, head_dim, dtype, layout, l2norm, beta_fp32, with_initial, seed,
-                            num_sms=None, poisoned=None):
+                            segment_chunks=None, poisoned=None):
     q, k, v, g, beta = make_inputs(lengths, heads, group, head_dim, dtype, l2norm, beta_fp32, seed, poisoned)
     heads_v = heads * group
     cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
@@ -69,7 +69,7 @@ def check_against_reference(lengths, heads, group, head_dim, dtype, layout, l2no
     if with_initial:
         gen = torch.Generator(device="cuda").manual_seed(seed + 1)
         initial = torch.randn(len(lengths), heads_v, head_dim, head_dim, generator=gen, device="cuda")
-    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=heads_v, head_dim=head_dim, num_sms=num_sms)
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=heads_v, head_dim=head_dim, segment_chunks=segment_chunks)
     out = torch.full_like(v, float("nan"))
     o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, cu_seqlens=cu,
                                       use_qk_l2norm_in_kernel=l2norm, state_layout=layout, plan=plan, out=out)
@@ -98,17 +98,18 @@ def test_matches_recurrence(lengths, heads, group, dtype, layout, l2norm, beta_f
     head_dim = data.draw(st.sampled_from(head_dims()))
     if sum(lengths) > 4000:
         lengths = lengths[:1]
-    # split: a plan that aims at many blocks, so long sequences run as several exact segments.
+    # split: segments of 1 to 8 chunks, so sequences of more chunks run as several exact segments.
     check_against_reference(lengths, heads, group, head_dim, DTYPES[dtype], layout, l2norm, beta_fp32, with_initial,
-                            seed=len(lengths) * 7919 + sum(lengths), num_sms=4096 if split else 1)
+                            seed=len(lengths) * 7919 + sum(lengths),
+                            segment_chunks=data.draw(st.integers(1, 8)) if split else None)
 
 
 @pytest.mark.parametrize("head_dim", head_dims())
 def test_split_sequence_is_exact_and_neighbours_are_isolated(head_dim):
-    # 2100 tokens = 33 chunks, 4 segments of at least 8 chunks; a poisoned neighbour in the middle.
+    # 2100 tokens = 33 chunks in 5 segments of 8 (the last of 1); a poisoned neighbour in the middle.
     plan = check_against_reference([2100, 77, 1000], 2, 2, head_dim, torch.bfloat16, "kv", False, True, True, seed=5,
-                                   num_sms=4096, poisoned=1)
-    assert len(plan.chains) == 2 and plan.num_summaries >= 4  # both long sequences were split
+                                   segment_chunks=8, poisoned=1)
+    assert len(plan.chains) == 2 and plan.num_summaries == 4 + 1  # both long sequences were split
 
 
 def test_empty_sequence_passes_its_state_through():
@@ -134,7 +135,7 @@ def test_cuda_graph_replay_with_plan():
     cu_host = [0, 700, 764, 765]
     q, k, v, g, beta = make_inputs(lengths, 2, 2, 128, torch.bfloat16, False, True, seed=13)
     cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
-    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=4, head_dim=128, num_sms=4096, device="cuda")
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=4, head_dim=128, segment_chunks=3, device="cuda")
     out = torch.full_like(v, float("nan"))
     chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, plan=plan, out=out)  # warm-up: compiles and loads
     torch.cuda.synchronize()

@@ -88,6 +88,7 @@ def test_splits_only_where_the_model_says_it_pays():
     (dict(seqlens=[1, -1]), ValueError), (dict(seqlens=[True]), TypeError), (dict(seqlens=(1.5,)), TypeError),
     (dict(seqlens=[8], chunk=0), ValueError), (dict(seqlens=[8], summary_per_segment=0), ValueError),
     (dict(seqlens=[8], parallel_per_segment=0), ValueError), (dict(seqlens=[2**31]), ValueError),
+    (dict(seqlens=[8], segment_chunks=0), ValueError),
 ])
 def test_bad_plans_are_refused_with_the_argument_named(bad, error):
     name = next(k for k in bad if k != "seqlens") if len(bad) > 1 else "seqlens"

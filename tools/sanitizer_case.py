@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitizer_case.py
 
 Attention over a packed batch with tails (each kernel and tail policy, and the no-tail variant on
-whole tiles), neighbours poisoned with NaN/Inf, the gated delta rule's decode step, and both merge
+whole tiles), neighbours poisoned with NaN/Inf, the gated delta rule's chunked forward (tails, a
+split sequence with its summaries and chain, both layouts, l2norm) and decode step, and both merge
 kernels.
 """
 
@@ -11,7 +12,7 @@ import torch
 
 from kgen import registry
 from kgen.ops import attention_varlen, merge_attention_states, merge_attention_states_n, plan_attention_varlen
-from kgen.ops import gated_delta_rule_step
+from kgen.ops import chunk_gated_delta_rule, gated_delta_rule_step, plan_chunk_gated_delta_rule
 
 
 def main() -> None:
@@ -42,6 +43,20 @@ def main() -> None:
         pool = torch.randn((5, 4, 128, 128), device="cuda")
         slots = torch.tensor([4, -1, 1], dtype=torch.int32, device="cuda")
         gated_delta_rule_step(q, k, v_new, g, beta, pool, state_indices=slots, state_layout=layout)
+    # The chunked gated delta rule: a split sequence (summaries, chain), tails, an empty sequence, a
+    # neighbour of NaN/Inf; then whole chunks only (the no-tail variants).
+    for lengths, layout in (([700, 65, 0, 1], "kv"), ([640, 128], "vk")):
+        cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+        q, k = (torch.randn((1, cu[-1], 2, 128), device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        v = torch.randn((1, cu[-1], 4, 128), device="cuda", dtype=torch.bfloat16)
+        g, beta = -torch.rand((1, cu[-1], 4), device="cuda"), torch.rand((1, cu[-1], 4), device="cuda")
+        v[:, cu[1]:cu[2]] = float("nan")
+        k[:, cu[1]:cu[2]] = float("inf")
+        plan = plan_chunk_gated_delta_rule(cu, num_heads_v=4, segment_chunks=4)  # splits the longer sequences
+        o, _ = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=torch.randn((len(lengths), 4, 128, 128), device="cuda"),
+                                      output_final_state=True, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"),
+                                      use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan)
+        assert not o[0, :lengths[0]].isnan().any(), "NaN leaked into sequence 0 (gated delta rule)"
     v = torch.randn((3, 1000, 4, 128), device="cuda", dtype=torch.bfloat16)
     lse = torch.randn((3, 1000, 4), device="cuda")
     merge_attention_states(v[0], lse[0], v[1], lse[1])

@@ -96,8 +96,8 @@ def _recurrence_shape(head_dim: int, tile_n: int | None) -> tuple[int, int]:
 
 
 def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int = 128, num_sms: int | None = None,
-                                tile_n: int | None = None, device: torch.device | str | None = None
-                                ) -> ChunkGatedDeltaRulePlan:
+                                tile_n: int | None = None, segment_chunks: int | None = None,
+                                device: torch.device | str | None = None) -> ChunkGatedDeltaRulePlan:
     """Plan :func:`chunk_gated_delta_rule` for the sequences delimited by ``cu_seqlens``.
 
     Args:
@@ -106,6 +106,8 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
         head_dim: K = V.
         num_sms: the SMs the split is planned for; default: the current CUDA device's, or 132 without one.
         tile_n: force the recurrence's value slice (default: the spec's first for the head dim).
+        segment_chunks: force the split: segments of this many 64-token chunks (default: the
+            planner's cost model decides).
         device: copy the tables there now (needed before CUDA-graph capture).
     """
     seqlens = seqlens_from_cu(cu_seqlens, "cu_seqlens")
@@ -120,7 +122,8 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
     # The summary covers K + V = 2 K columns.
     schedule = plan_chunks(seqlens, chunk=64, parallel_per_segment=num_heads_v * slices,
                            summary_per_segment=2 * num_heads_v * slices,
-                           costs=RecurrenceCosts(num_sms=num_sms, blocks_per_sm=blocks_per_sm))
+                           costs=RecurrenceCosts(num_sms=num_sms, blocks_per_sm=blocks_per_sm),
+                           segment_chunks=segment_chunks)
     lengths = np.asarray(seqlens, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)])
 

@@ -98,12 +98,13 @@ def choose_segment_chunks(chunks: np.ndarray, *, parallel_per_segment: int, summ
 
 def plan_chunks(seqlens: Sequence[int], *, chunk: int = 64, parallel_per_segment: int = 1,
                 summary_per_segment: int | None = None, costs: RecurrenceCosts | None = None,
-                min_segment_chunks: int = 8) -> ChunkSchedule:
+                min_segment_chunks: int = 8, segment_chunks: int | None = None) -> ChunkSchedule:
     """The chunks and segments of a batch of sequences of ``seqlens`` tokens (see the module docstring).
 
     A segment runs as ``parallel_per_segment`` forward blocks (v-heads x value slices) and, when a
     later segment needs its summary, ``summary_per_segment`` summary blocks (default twice as many:
     the summary has K + V columns). The split is the one ``costs`` models fastest; None never splits.
+    ``segment_chunks`` forces the segment length instead.
     """
     lengths = check_seqlens("seqlens", seqlens)
     check_int("chunk", chunk, minimum=1)
@@ -117,9 +118,12 @@ def plan_chunks(seqlens: Sequence[int], *, chunk: int = 64, parallel_per_segment
     seq = np.repeat(np.arange(len(lengths)), chunks)
     chunk_indices = np.stack([seq, np.arange(seq.size) - offsets[seq]], axis=1).astype(np.int32)
 
-    segment_chunks = choose_segment_chunks(chunks, parallel_per_segment=parallel_per_segment,
-                                           summary_per_segment=summary_per_segment, costs=costs,
-                                           min_segment_chunks=min_segment_chunks)
+    if segment_chunks is None:
+        segment_chunks = choose_segment_chunks(chunks, parallel_per_segment=parallel_per_segment,
+                                               summary_per_segment=summary_per_segment, costs=costs,
+                                               min_segment_chunks=min_segment_chunks)
+    else:
+        check_int("segment_chunks", segment_chunks, minimum=1)
     pieces = _segments_per_sequence(chunks, segment_chunks)
     seg_seq = np.repeat(np.arange(len(lengths)), pieces)
     seg_index = np.arange(seg_seq.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
