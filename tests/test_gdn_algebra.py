@@ -99,15 +99,14 @@ def test_strong_decay_stays_finite_where_factored_gates_overflow():
 
 @settings(max_examples=30, deadline=None)
 @given(lengths=st.lists(st.integers(0, 300), min_size=1, max_size=3), group=st.sampled_from([1, 2]),
-       min_chunks=st.integers(1, 3), target=st.integers(0, 40), with_state=st.booleans(),
+       segment_chunks=st.integers(1, 8), with_state=st.booleans(),
        layout=st.sampled_from(["kv", "vk"]), seed=st.integers(0, 2**31 - 1))
 def test_segments_from_zero_states_corrected_by_their_transitions_equal_the_whole_run(
-        lengths, group, min_chunks, target, with_state, layout, seed):
+        lengths, group, segment_chunks, with_state, layout, seed):
     # The long-sequence path: the planner's segments (chunks of 16 so that short tests split), run
     # independently and made exact by the chain of start states.
     q, k, v, g, beta, cu = make_inputs(lengths, 1, group, 8, 8, seed)
-    plan = plan_chunks(lengths, chunk=16, parallel_per_segment=group, target_ctas=target,
-                       min_segment_chunks=min_chunks)
+    plan = plan_chunks(lengths, chunk=16, parallel_per_segment=group, segment_chunks=segment_chunks)
     state = (torch.randn(len(lengths), group, 8, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
              if with_state else None)
     options = dict(initial_state=state, cu_seqlens=cu, state_layout=layout)
