@@ -1,6 +1,6 @@
-"""The gated delta rule's decode step: kgen against fla's fused_recurrent_gated_delta_rule used as a step,
-and against a device copy of the state's bytes, all as CUDA graph replays in one run (fla in a child
-process per batch size, since it faults at B = 1024).
+"""The gated delta rule's decode step: kgen against fla's fused_recurrent_gated_delta_rule used as a
+step, and against a device copy of the state's bytes, all as CUDA graph replays in one run (fla in a
+child process per batch size, since it faults at B = 1024).
 
 B sequences of one token, H/HV = 16/32, K = V = 128, bf16, fp32 states [B, HV, K, V] (kv) updated in
 place by kgen (fla writes its final state to a new tensor). Each graph holds one step per state pool
@@ -38,7 +38,8 @@ HEADS, HEADS_V, HEAD_DIM = 16, 32, 128
 BANDWIDTH_BAR, FLA_BAR, FLA_BAR_B1 = 0.85, 0.80, 0.6
 ROTATION = 32  # the most state pools a timed graph rotates over
 RMS_TOL = 5e-3
-COLUMNS = [("B", "B", None), ("state_copies", "pools", None), ("kgen_us", "kgen us", ".2f"), ("fla_us", "fla us", ".2f"), ("copy_us", "copy us", ".2f"),
+COLUMNS = [("B", "B", None), ("state_copies", "pools", None), ("kgen_us", "kgen us", ".2f"), ("fla_us", "fla us", ".2f"),
+           ("copy_us", "copy us", ".2f"),
            ("bandwidth_fraction", "copy/kgen", ".3f"), ("kgen_over_fla", "kgen/fla", ".3f"),
            ("kgen_rel_rms", "kgen rel RMS", ".1e"), ("fla_status", "fla", None)]
 
