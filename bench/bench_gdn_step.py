@@ -5,10 +5,11 @@ child process per batch size, since it faults at B = 1024).
 B sequences of one token, H/HV = 16/32, K = V = 128, bf16, fp32 states [B, HV, K, V] (kv) updated in
 place by kgen (fla writes its final state to a new tensor). Each graph holds one step per state pool
 and rotates over pools that together exceed L2 (32 at B = 1, where a step is shorter than a graph
-launch; 1 from B = 64 on), so every step reads its states from HBM, as a server's layers do. The state is read and written once per
-step, as a copy of it reads and writes it: bandwidth fraction = t(copy) / t(kgen). Bars
-(observations): fraction >= 0.85 at B >= 64; t(kgen)/t(fla) <= 0.80 at B >= 64 and <= 0.6 at B = 1.
-fla-core is a peer for this benchmark only (FLA_FLASH_QLA=0), never a dependency.
+launch; 1 from B = 64 on), so every step reads its states from HBM, as a server's layers do. The
+state is read and written once per step, as a copy of it reads and writes it: bandwidth fraction =
+t(copy) / t(kgen). Bars (observations): fraction >= 0.85 at B >= 64; t(kgen)/t(fla) <= 0.80 at B >=
+64 and <= 0.6 at B = 1. fla-core is a peer for this benchmark only (FLA_FLASH_QLA=0), never a
+dependency.
 
     PYTHONPATH=. python3 bench/bench_gdn_step.py [--out DIR]
 """
