@@ -1,12 +1,15 @@
-"""The gated delta rule's decode step: kgen against fla's fused_recurrent_gated_delta_rule used as a step,
-and against a device copy of the state's bytes, all as CUDA graph replays in one run (fla in a child
-process per batch size, since it faults at B = 1024).
+"""The gated delta rule's decode step: kgen against fla's fused_recurrent_gated_delta_rule used as a
+step, and against a device copy of the state's bytes, all as CUDA graph replays in one run (fla in a
+child process per batch size, since it faults at B = 1024).
 
 B sequences of one token, H/HV = 16/32, K = V = 128, bf16, fp32 states [B, HV, K, V] (kv) updated in
-place by kgen (fla writes its final state to a new tensor). The state is read and written once per
-step, as a copy of it reads and writes it: bandwidth fraction = t(copy) / t(kgen). Bars
-(observations): fraction >= 0.85 at B >= 64; t(kgen)/t(fla) <= 0.80 at B >= 64 and <= 0.6 at B = 1.
-fla-core is a peer for this benchmark only (FLA_FLASH_QLA=0), never a dependency.
+place by kgen (fla writes its final state to a new tensor). Each graph holds one step per state pool
+and rotates over pools that together exceed L2 (32 at B = 1, where a step is shorter than a graph
+launch; 1 from B = 64 on), so every step reads its states from HBM, as a server's layers do. The
+state is read and written once per step, as a copy of it reads and writes it: bandwidth fraction =
+t(copy) / t(kgen). Bars (observations): fraction >= 0.85 at B >= 64; t(kgen)/t(fla) <= 0.80 at B >=
+64 and <= 0.6 at B = 1. fla-core is a peer for this benchmark only (FLA_FLASH_QLA=0), never a
+dependency.
 
     PYTHONPATH=. python3 bench/bench_gdn_step.py [--out DIR]
 """
@@ -34,8 +37,10 @@ NAME = "bench_gdn_step"
 BATCHES = [1, 64, 256, 1024]
 HEADS, HEADS_V, HEAD_DIM = 16, 32, 128
 BANDWIDTH_BAR, FLA_BAR, FLA_BAR_B1 = 0.85, 0.80, 0.6
+ROTATION = 32  # the most state pools a timed graph rotates over
 RMS_TOL = 5e-3
-COLUMNS = [("B", "B", None), ("kgen_us", "kgen us", ".2f"), ("fla_us", "fla us", ".2f"), ("copy_us", "copy us", ".2f"),
+COLUMNS = [("B", "B", None), ("state_copies", "pools", None), ("kgen_us", "kgen us", ".2f"), ("fla_us", "fla us", ".2f"),
+           ("copy_us", "copy us", ".2f"),
            ("bandwidth_fraction", "copy/kgen", ".3f"), ("kgen_over_fla", "kgen/fla", ".3f"),
            ("kgen_rel_rms", "kgen rel RMS", ".1e"), ("fla_status", "fla", None)]
 
@@ -50,8 +55,16 @@ def fla_step():
     return fused_recurrent_gated_delta_rule, "ok"
 
 
+def state_copies(state_bytes: int) -> int:
+    """How many state pools the timed calls rotate over: enough that they do not fit in L2 together (a
+    server's step reads a layer's states from HBM), at most ROTATION."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return max(1, min(ROTATION, -(-2 * l2 // state_bytes)))
+
+
 def inputs(batch: int) -> tuple[torch.Tensor, ...]:
-    """q, k (L2-normalised), v, g, beta and the state, the same for a batch size in any process."""
+    """q, k (L2-normalised), v, g, beta and the states (``state_copies`` pools, each [B, HV, K, V]), the same
+    for a batch size in any process."""
     gen = torch.Generator(device="cuda").manual_seed(batch)
     q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
     k = gdn_reference.l2norm(torch.randn(batch, HEADS, HEAD_DIM, generator=gen, device="cuda")).to(torch.bfloat16)
@@ -59,7 +72,8 @@ def inputs(batch: int) -> tuple[torch.Tensor, ...]:
     g = -torch.nn.functional.softplus(torch.randn(batch, HEADS_V, generator=gen, device="cuda"))
     beta = torch.rand(batch, HEADS_V, generator=gen, device="cuda")
     state = torch.randn(batch, HEADS_V, HEAD_DIM, HEAD_DIM, generator=gen, device="cuda")
-    return q, k, v, g, beta, state
+    copies = state_copies(state.numel() * state.element_size())
+    return q, k, v, g, beta, torch.stack([state] * copies)
 
 
 def fla_time_us(batch: int) -> tuple[float | None, str]:
@@ -68,20 +82,21 @@ def fla_time_us(batch: int) -> tuple[float | None, str]:
     step, status = fla_step()
     if step is None:
         return None, status
-    q, k, v, g, beta, state = inputs(batch)
+    q, k, v, g, beta, states = inputs(batch)
 
-    def fla_call():
-        return step(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], initial_state=state,
+    def fla_call(i=0):
+        return step(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], initial_state=states[i],
                     output_final_state=True)
     try:
-        return 1e3 * time_graph(fla_call), "ok"
+        return 1e3 * time_graph(fla_call, calls_per_graph=len(states)), "ok"
     except Exception as exc:
         return None, f"failed: {type(exc).__name__}: {exc}"[:200]
 
 
 def measure(batch: int) -> dict[str, Any]:
-    q, k, v, g, beta, state = inputs(batch)
-    row: dict[str, Any] = {"B": batch}
+    q, k, v, g, beta, states = inputs(batch)
+    state = states[0]
+    row: dict[str, Any] = {"B": batch, "state_copies": len(states)}
 
     # Correctness on these inputs first (one step from a copy of the state).
     checked = state.clone()
@@ -93,11 +108,14 @@ def measure(batch: int) -> dict[str, Any]:
     row["kgen_rel_rms"] = max(rms(out, o_ref[:, 0]), rms(checked, s_ref))
     del checked, o_ref, s_ref
 
-    row["kgen_us"] = 1e3 * time_graph(lambda: gated_delta_rule_step(q, k, v, g, beta, state, out=out))
-    copy_dst = torch.empty_like(state)
-    row["copy_us"] = 1e3 * time_graph(lambda: copy_dst.copy_(state))
+    # Small batches: many steps per graph, over states that together exceed L2.
+    calls = len(states)
+    row["kgen_us"] = 1e3 * time_graph(lambda i=0: gated_delta_rule_step(q, k, v, g, beta, states[i], out=out),
+                                      calls_per_graph=calls)
+    copy_dst = torch.empty_like(states)
+    row["copy_us"] = 1e3 * time_graph(lambda i=0: copy_dst[i].copy_(states[i]), calls_per_graph=calls)
     row["bandwidth_fraction"] = row["copy_us"] / row["kgen_us"]
-    del q, k, v, g, beta, state, copy_dst
+    del q, k, v, g, beta, state, states, copy_dst
     torch.cuda.empty_cache()  # the child below needs the memory
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         try:

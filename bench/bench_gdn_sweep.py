@@ -30,7 +30,7 @@ COLUMNS = [("L", "L", None), ("N", "N", None), ("kgen_us", "kgen us", ".1f"), ("
 
 def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
     shapes = [(min(4096, 131072 // length), length, HEADS, HEADS) for length in LENGTHS]
-    rows = [{"L": length, "N": seqs, **time_kgen(seqs, length, HEADS, HEADS, checked_seqs=4)}
+    rows = [{"L": length, "N": seqs, **time_kgen(seqs, length, HEADS, HEADS, checked_tokens=4 * length)}
             for seqs, length, *_ in shapes]
     with_fla(rows, shapes)
     by_length = {row["L"]: row["kgen_us"] for row in rows}

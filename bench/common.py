@@ -96,23 +96,26 @@ def time_cuda(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 1
     return _time_with_events(fn, warmup_ms, rep_ms)
 
 
-def time_graph(fn: Callable[[], Any], replays_per_sample: int = 100, samples: int = 20) -> float:
-    """Median device ms per call of ``fn`` captured once in a CUDA graph and replayed back to back.
+def time_graph(fn: Callable[..., Any], replays_per_sample: int = 100, samples: int = 20, calls_per_graph: int = 1) -> float:
+    """Median device ms per call of ``fn`` captured in a CUDA graph and replayed back to back.
 
     Graph replay removes the host's launch cost, so this is the GPU-side time of
-    the work (launch gaps included) for work too small to time call by call.
+    the work (launch gaps included) for work too small to time call by call. For work
+    shorter than a graph launch, ``calls_per_graph`` > 1 captures that many calls,
+    ``fn(0)`` ... ``fn(n - 1)`` (so that each may use its own buffers), in one graph.
     """
+    calls = (lambda: fn()) if calls_per_graph == 1 else (lambda: [fn(i) for i in range(calls_per_graph)])
     # Warm up on a side stream before capture, as torch.cuda.graphs' docs require
     # (lazy init, allocator pools and module loads must not happen during capture).
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
-            fn()
+            calls()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        calls()
     graph.replay()
     torch.cuda.synchronize()
     per_call = []
@@ -123,7 +126,7 @@ def time_graph(fn: Callable[[], Any], replays_per_sample: int = 100, samples: in
             graph.replay()
         end.record()
         torch.cuda.synchronize()
-        per_call.append(start.elapsed_time(end) / replays_per_sample)
+        per_call.append(start.elapsed_time(end) / (replays_per_sample * calls_per_graph))
     return statistics.median(per_call)
 
 

@@ -6,7 +6,7 @@ benchmark's ``*.json`` and ``*.md``, ``summary.json``, ``SUMMARY.md`` and
 ``run_all.log`` (everything printed). Bars are observations: a FAIL never
 changes the exit status; a benchmark that crashes does (exit 1).
 
-    PYTHONPATH=. python3 bench/run_all.py [--out DIR] [--only bf16] [--rep-ms 100]
+    PYTHONPATH=. python3 bench/run_all.py [--out DIR] [--benchmarks "gdn chunk,gdn step"] [--only bf16] [--rep-ms 100]
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ class Tee:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT or bench/results/latest)")
+    parser.add_argument("--benchmarks", default="", help="comma-separated benchmark names to run (default: all of "
+                        + ", ".join(name for name, _ in BENCHMARKS) + ")")
     bench_host.add_arguments(parser)
     bench_merge_states.add_arguments(parser)
     attention_common.add_arguments(parser)  # both attention benchmarks' options
@@ -80,7 +82,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_benchmarks(out_dir: Path, options: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
     """Run each benchmark; a crash is reported as an ERROR row and the next benchmark still runs."""
     rows, crashed = [], False
+    chosen = [name.strip() for name in options.benchmarks.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - {name for name, _ in BENCHMARKS})
+    if unknown:
+        raise SystemExit(f"--benchmarks: no benchmark named {unknown}; they are {[name for name, _ in BENCHMARKS]}")
     for name, run in BENCHMARKS:
+        if chosen and name not in chosen:
+            continue
         print(f"== {name}", flush=True)
         start = time.perf_counter()
         try:

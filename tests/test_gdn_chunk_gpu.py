@@ -170,3 +170,33 @@ def test_bad_input_is_refused():
         chunk_gated_delta_rule(*(torch.cat([t, t]) for t in (q, k, v, g, beta)), cu_seqlens=cu)
     with pytest.raises(RuntimeError, match="no backward"):
         chunk_gated_delta_rule(q, k, v.clone().requires_grad_(), g, beta)
+
+
+def test_no_tokens_passes_the_states_through():
+    # T = 0: no chunk at all, yet every sequence's final state is written (= its initial state).
+    q, k = (torch.empty(1, 0, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.empty(1, 0, 4, 128, device="cuda", dtype=torch.bfloat16)
+    g, beta = torch.empty(1, 0, 4, device="cuda"), torch.empty(1, 0, 4, device="cuda")
+    initial = torch.randn(2, 4, 128, 128, device="cuda")
+    cu = torch.zeros(3, dtype=torch.int32, device="cuda")
+    o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, cu_seqlens=cu)
+    assert o.shape == v.shape and torch.equal(final, initial)
+
+
+def test_graph_capture_with_a_fresh_plan_made_for_the_device():
+    # The kernels are loaded by an earlier call with another plan; a fresh plan made with device="cuda"
+    # must need no copy at its first use, inside the capture.
+    lengths, cu_host = [300, 65], [0, 300, 365]
+    q, k, v, g, beta = make_inputs(lengths, 2, 2, 128, torch.bfloat16, False, True, seed=17)
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)
+    torch.cuda.synchronize()
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=4, head_dim=128, segment_chunks=2, device="cuda")
+    out = torch.full_like(v, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, plan=plan, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    o_ref, _ = ref.recurrent(q, k, v, g, beta, cu_seqlens=cu_host)
+    assert rel_rms(out, o_ref) <= RMS_BAR

@@ -4,6 +4,9 @@
 #
 #   KGEN_COMMIT=$(git rev-parse HEAD) bash tools/gpu_check.sh
 #
+# KGEN_BENCHMARKS="gdn chunk,gdn step" runs only those benchmarks (run_all's names), for a
+# session whose device time cannot hold them all; results for the record come from a run of all.
+#
 # Results go to $OUT (the device tool brings that folder back; it takes at most
 # 8 files, so the per-benchmark files travel in one archive), else bench/results/latest.
 set -uo pipefail
@@ -38,7 +41,7 @@ for tool in memcheck racecheck; do
     tail -n 2 "$work/sanitizer_$tool.log"
     cp "$work/sanitizer_$tool.log" "$dest/"
 done
-python3 bench/run_all.py --out "$work/bench" || status=1
+python3 bench/run_all.py --out "$work/bench" --benchmarks "${KGEN_BENCHMARKS:-}" || status=1
 
 cp "$work/bench/SUMMARY.md" "$work/bench/summary.json" "$dest/" 2>/dev/null
 tar czf "$dest/bench_details.tgz" -C "$work" bench

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -58,3 +59,19 @@ def check_seqlens(name: str, seqlens: Sequence[int]) -> np.ndarray:
     if total > INT32_LIMIT:
         raise ValueError(f"{name}: the lengths add up to {total} tokens; the kernels index at most {INT32_LIMIT}")
     return lengths
+
+
+def check_scale(name: str, value) -> float:
+    """A real number (numpy scalars included) that stays finite as the kernels' fp32."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(np.float32(value)):
+        raise ValueError(f"{name}: expected a real number finite in fp32, got {value!r}")
+    return float(value)
+
+
+def cuda_device(device) -> torch.device:
+    """``device`` with its index: "cuda" means the current device (a table keyed by device must not
+    tell "cuda" from "cuda:0")."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
