@@ -32,8 +32,6 @@ def head_dims():
     return registry.current().family("gated_delta_rule_chunk").supported("head_dim")
 
 
-def rel_rms(got, want):
-    return ((got.double() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
 def make_inputs(lengths, heads, group, head_dim, dtype, l2norm, beta_fp32, seed, poisoned=None):
@@ -81,8 +79,8 @@ def check_against_reference(lengths, heads, group, head_dim, dtype, layout, l2no
     rows = torch.cat([torch.arange(cu_host[i], cu_host[i + 1]) for i in keep]).cuda()
     assert torch.isfinite(o[:, rows]).all(), "o has NaN/Inf (or unwritten poison) in a clean sequence"
     assert torch.isfinite(final[keep]).all(), "a final state has NaN/Inf"
-    assert rel_rms(o[:, rows], o_ref[:, rows]) <= RMS_BAR
-    assert rel_rms(final[keep], s_ref[keep]) <= RMS_BAR
+    assert ref.rel_rms(o[:, rows], o_ref[:, rows]) <= RMS_BAR
+    assert ref.rel_rms(final[keep], s_ref[keep]) <= RMS_BAR
     return plan
 
 
@@ -127,7 +125,7 @@ def test_fixed_length_batch_and_determinism():
     runs = [chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True) for _ in range(2)]
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     o_ref, s_ref = ref.recurrent(q, k, v, g, beta)
-    assert rel_rms(runs[0][0], o_ref) <= RMS_BAR and rel_rms(runs[0][1], s_ref) <= RMS_BAR
+    assert ref.rel_rms(runs[0][0], o_ref) <= RMS_BAR and ref.rel_rms(runs[0][1], s_ref) <= RMS_BAR
 
 
 def test_cuda_graph_replay_with_plan():
@@ -149,7 +147,7 @@ def test_cuda_graph_replay_with_plan():
     graph.replay()
     torch.cuda.synchronize()
     o_ref, _ = ref.recurrent(q, k, v, g, beta, cu_seqlens=cu_host)
-    assert rel_rms(out, o_ref) <= RMS_BAR
+    assert ref.rel_rms(out, o_ref) <= RMS_BAR
 
 
 def test_bad_input_is_refused():
@@ -199,4 +197,4 @@ def test_graph_capture_with_a_fresh_plan_made_for_the_device():
     graph.replay()
     torch.cuda.synchronize()
     o_ref, _ = ref.recurrent(q, k, v, g, beta, cu_seqlens=cu_host)
-    assert rel_rms(out, o_ref) <= RMS_BAR
+    assert ref.rel_rms(out, o_ref) <= RMS_BAR

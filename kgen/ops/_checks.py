@@ -8,6 +8,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from kgen.launch import current_device
+
 #: The kernels index tokens, offsets and window bounds with 32-bit integers, and
 #: cu_seqlens reach the device as int32: every length, total and window stays below this.
 INT32_LIMIT = 2**31 - 1
@@ -73,5 +75,5 @@ def cuda_device(device) -> torch.device:
     tell "cuda" from "cuda:0")."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cuda", current_device())
     return device

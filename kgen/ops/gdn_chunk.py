@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from kgen import registry, tma
+from kgen.launch import current_device
 from kgen.layout import GDN_CHAIN_COLUMNS, GDN_SEGMENT_FIELDS
 from kgen.ops._checks import INT32_LIMIT, check_dense_rows, check_int, check_scale, check_shape, check_tensor, cuda_device
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, spec_dtypes, tail_pair
@@ -285,7 +286,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     final = q.new_empty((num_seqs, heads_v, head_dim, head_dim), dtype=torch.float32) if output_final_state else None
     if not num_seqs:
         return out, final
-    if device.index != torch.cuda.current_device():  # descriptors are made on, and for, the current device
+    if device.index != current_device():  # descriptors are made on, and for, the current device
         with torch.cuda.device(device.index):
             return _launch(plan, q, k, v, g, beta, initial_state, out, final, scale, state_layout,
                            use_qk_l2norm_in_kernel)
