@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -23,8 +22,7 @@ from typing import Any
 
 import torch
 
-from common import (default_out_dir, environment, standalone_parser, summary_row, time_graph, verdict,
-                    write_results)
+from common import environment, fla_gated_delta_rule, run_standalone, summary_row, time_graph, verdict, write_results
 from kgen.ops import chunk_gated_delta_rule, plan_chunk_gated_delta_rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -56,11 +54,9 @@ def inputs(seqs: int, length: int, heads: int, heads_v: int) -> tuple[torch.Tens
 
 def fla_times_us(shapes: list[tuple]) -> list[tuple[float | None, str]]:
     """fla's forward time per shape (in a child process: a fault there must not end this run)."""
-    os.environ.setdefault("FLA_FLASH_QLA", "0")
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
-    except Exception as exc:
-        return [(None, f"unavailable: {type(exc).__name__}: {exc}"[:200])] * len(shapes)
+    fla_chunk, status = fla_gated_delta_rule("chunk_gated_delta_rule")
+    if fla_chunk is None:
+        return [(None, status)] * len(shapes)
     results = []
     for seqs, length, heads, heads_v, *_ in shapes:
         q, k, v, g, beta, cu = inputs(seqs, length, heads, heads_v)
@@ -93,10 +89,9 @@ def time_kgen(seqs: int, length: int, heads: int, heads_v: int, checked_tokens: 
     checked_cu = [length * i for i in range(whole + 1)] + ([tokens] if tokens % length else [])
     rows = slice(0, tokens)
     o_ref, s_ref = gdn_reference.chunked(*(t[:, rows] for t in (q, k, v, g, beta)), cu_seqlens=checked_cu)
-    rms = lambda got, want: ((got.double() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt()).item()  # noqa: E731
-    row["kgen_rel_rms"] = rms(o[:, rows], o_ref)
+    row["kgen_rel_rms"] = gdn_reference.rel_rms(o[:, rows], o_ref)
     if whole:
-        row["kgen_rel_rms"] = max(row["kgen_rel_rms"], rms(final[:whole], s_ref[:whole]))
+        row["kgen_rel_rms"] = max(row["kgen_rel_rms"], gdn_reference.rel_rms(final[:whole], s_ref[:whole]))
     del o, final, o_ref, s_ref
     torch.cuda.empty_cache()
     row["kgen_us"] = 1e3 * time_graph(run, samples=10, replays_per_sample=5)
@@ -142,9 +137,7 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = standalone_parser(__doc__, lambda parser: None).parse_args(argv)
-    run(options.out or default_out_dir(), options)
-    return 0
+    return run_standalone(__doc__, run, argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from common import default_out_dir, environment, standalone_parser, summary_row, time_graph, write_results
+from common import environment, run_standalone, summary_row, time_graph, write_results
 from kgen import registry
 from kgen.ops import plan_chunk_gated_delta_rule
 from kgen.ops._dispatch import launcher
@@ -59,9 +59,7 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = standalone_parser(__doc__, lambda parser: None).parse_args(argv)
-    run(options.out or default_out_dir(), options)
-    return 0
+    return run_standalone(__doc__, run, argv)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -26,8 +25,7 @@ from typing import Any
 
 import torch
 
-from common import (default_out_dir, environment, standalone_parser, summary_row, time_graph, verdict,
-                    write_results)
+from common import environment, fla_gated_delta_rule, run_standalone, summary_row, time_graph, verdict, write_results
 from kgen.ops import gated_delta_rule_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -43,16 +41,6 @@ COLUMNS = [("B", "B", None), ("state_copies", "pools", None), ("kgen_us", "kgen 
            ("copy_us", "copy us", ".2f"),
            ("bandwidth_fraction", "copy/kgen", ".3f"), ("kgen_over_fla", "kgen/fla", ".3f"),
            ("kgen_rel_rms", "kgen rel RMS", ".1e"), ("fla_status", "fla", None)]
-
-
-def fla_step():
-    """fla's fused recurrent kernel, or the reason it is not there."""
-    os.environ.setdefault("FLA_FLASH_QLA", "0")
-    try:
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-    except Exception as exc:  # not installed, or it fails to import on this machine
-        return None, f"unavailable: {type(exc).__name__}: {exc}"[:200]
-    return fused_recurrent_gated_delta_rule, "ok"
 
 
 def state_copies(state_bytes: int) -> int:
@@ -79,7 +67,7 @@ def inputs(batch: int) -> tuple[torch.Tensor, ...]:
 def fla_time_us(batch: int) -> tuple[float | None, str]:
     """fla's step time at ``batch``, timed like kgen's, or why there is none. Run in a child process:
     fla 0.6.0 faults (illegal address) at B = 1024, and a fault ends every later CUDA call of its process."""
-    step, status = fla_step()
+    step, status = fla_gated_delta_rule("fused_recurrent_gated_delta_rule")
     if step is None:
         return None, status
     q, k, v, g, beta, states = inputs(batch)
@@ -104,8 +92,7 @@ def measure(batch: int) -> dict[str, Any]:
     gated_delta_rule_step(q, k, v, g, beta, checked, out=out)
     o_ref, s_ref = gdn_reference.recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
                                            initial_state=state)
-    rms = lambda got, want: ((got.double() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt()).item()  # noqa: E731
-    row["kgen_rel_rms"] = max(rms(out, o_ref[:, 0]), rms(checked, s_ref))
+    row["kgen_rel_rms"] = max(gdn_reference.rel_rms(out, o_ref[:, 0]), gdn_reference.rel_rms(checked, s_ref))
     del checked, o_ref, s_ref
 
     # Small batches: many steps per graph, over states that together exceed L2.
@@ -155,9 +142,7 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = standalone_parser(__doc__, lambda parser: None).parse_args(argv)
-    run(options.out or default_out_dir(), options)
-    return 0
+    return run_standalone(__doc__, run, argv)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_gdn_chunk import RMS_TOL, time_kgen, with_fla
-from common import default_out_dir, environment, standalone_parser, summary_row, verdict, write_results
-
+from common import environment, run_standalone, summary_row, verdict, write_results
 NAME = "bench_gdn_sweep"
 HEADS = 12
 LENGTHS = [1, 2, 4, 8, 16, 24, 31, 32, 33, 40, 48, 56, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513,
@@ -58,9 +57,7 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = standalone_parser(__doc__, lambda parser: None).parse_args(argv)
-    run(options.out or default_out_dir(), options)
-    return 0
+    return run_standalone(__doc__, run, argv)
 
 
 if __name__ == "__main__":

@@ -254,3 +254,21 @@ def standalone_parser(doc: str | None, add_arguments: Callable[[argparse.Argumen
     parser.add_argument("--list", action="store_true", help="print the cases and exit")
     add_arguments(parser)
     return parser
+
+
+def run_standalone(doc: str | None, run: Callable[[Path, argparse.Namespace], Any], argv: list[str] | None = None) -> int:
+    """A benchmark with no options of its own, run on its own: ``run(out_dir, options)``."""
+    options = standalone_parser(doc, lambda parser: None).parse_args(argv)
+    run(options.out or default_out_dir(), options)
+    return 0
+
+
+def fla_gated_delta_rule(name: str) -> tuple[Callable | None, str]:
+    """``fla.ops.gated_delta_rule.<name>`` (fla-core, a benchmark peer, never a dependency; FLA_FLASH_QLA=0 keeps
+    fla 0.6 from dispatching to FlashQLA), or None and the reason it is not there."""
+    os.environ.setdefault("FLA_FLASH_QLA", "0")
+    try:
+        import fla.ops.gated_delta_rule as fla_gdn
+    except Exception as exc:  # not installed, or it fails to import on this machine
+        return None, f"unavailable: {type(exc).__name__}: {exc}"[:200]
+    return getattr(fla_gdn, name), "ok"

@@ -18,6 +18,14 @@ import torch
 L2NORM_EPS = 1e-6
 
 
+def rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The relative RMS error of ``got`` against the float64 ``want`` (0 for empty tensors)."""
+    assert got.shape == want.shape
+    if not want.numel():
+        return 0.0
+    return (got.double() - want).pow(2).mean().sqrt().item() / max(want.pow(2).mean().sqrt().item(), 1e-300)
+
+
 def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 

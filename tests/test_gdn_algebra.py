@@ -43,11 +43,6 @@ def make_inputs(lengths, heads, group, dk, dv, seed, packed=True):
     return q, k, v, g, beta, cu
 
 
-def rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
-    assert got.shape == want.shape
-    if not want.numel():
-        return 0.0
-    return (got - want).pow(2).mean().sqrt().item() / max(want.pow(2).mean().sqrt().item(), 1e-300)
 
 
 @settings(max_examples=60, deadline=None)
@@ -66,7 +61,7 @@ def test_chunked_form_equals_the_recurrence(lengths, heads, group, dims, chunk, 
     o_ref, s_ref = ref.recurrent(q, k, v, g, beta, **options)
     o, s = ref.chunked(q, k, v, g, beta, chunk=chunk, **options)
     assert torch.isfinite(o).all() and torch.isfinite(s).all()
-    assert rel_rms(o, o_ref) < 1e-9 and rel_rms(s, s_ref) < 1e-9
+    assert ref.rel_rms(o, o_ref) < 1e-9 and ref.rel_rms(s, s_ref) < 1e-9
 
 
 def test_layouts_are_transposes_and_never_confused():
@@ -84,7 +79,7 @@ def test_a_run_resumed_from_its_state_equals_the_whole_run(split):
     o_all, s_all = ref.recurrent(q, k, v, g, beta)
     o_a, s_a = ref.chunked(q[:, :split], k[:, :split], v[:, :split], g[:, :split], beta[:, :split])
     o_b, s_b = ref.chunked(q[:, split:], k[:, split:], v[:, split:], g[:, split:], beta[:, split:], initial_state=s_a)
-    assert rel_rms(torch.cat([o_a, o_b], dim=1), o_all) < 1e-9 and rel_rms(s_b, s_all) < 1e-9
+    assert ref.rel_rms(torch.cat([o_a, o_b], dim=1), o_all) < 1e-9 and ref.rel_rms(s_b, s_all) < 1e-9
 
 
 def test_strong_decay_stays_finite_where_factored_gates_overflow():
@@ -94,7 +89,7 @@ def test_strong_decay_stays_finite_where_factored_gates_overflow():
     assert torch.isinf(torch.exp(-gamma)).any()  # what e^{-Gamma} factoring would multiply by
     o, s = ref.chunked(q, k, v, g, beta, cu_seqlens=cu)
     o_ref, s_ref = ref.recurrent(q, k, v, g, beta, cu_seqlens=cu)
-    assert torch.isfinite(o).all() and rel_rms(o, o_ref) < 1e-9 and rel_rms(s, s_ref) < 1e-9
+    assert torch.isfinite(o).all() and ref.rel_rms(o, o_ref) < 1e-9 and ref.rel_rms(s, s_ref) < 1e-9
 
 
 @settings(max_examples=30, deadline=None)
@@ -112,4 +107,4 @@ def test_segments_from_zero_states_corrected_by_their_transitions_equal_the_whol
     options = dict(initial_state=state, cu_seqlens=cu, state_layout=layout)
     o_ref, s_ref = ref.recurrent(q, k, v, g, beta, **options)
     o, s = ref.segmented(q, k, v, g, beta, segments=plan.segments.tolist(), chunk=16, **options)
-    assert rel_rms(o, o_ref) < 1e-9 and rel_rms(s, s_ref) < 1e-9
+    assert ref.rel_rms(o, o_ref) < 1e-9 and ref.rel_rms(s, s_ref) < 1e-9

@@ -32,8 +32,6 @@ def head_dims():
     return registry.current().family("gated_delta_rule_chunk").supported("head_dim")
 
 
-def rel_rms(got, want):
-    return ((got.double() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
 def make_inputs(lengths, heads, group, head_dim, dtype, l2norm, beta_fp32, seed, poisoned=None):
@@ -81,8 +79,8 @@ def check_against_reference(lengths, heads, group, head_dim, dtype, layout, l2no
     rows = torch.cat([torch.arange(cu_host[i], cu_host[i + 1]) for i in keep]).cuda()
     assert torch.isfinite(o[:, rows]).all(), "o has NaN/Inf (or unwritten poison) in a clean sequence"
     assert torch.isfinite(final[keep]).all(), "a final state has NaN/Inf"
-    assert rel_rms(o[:, rows], o_ref[:, rows]) <= RMS_BAR
-    assert rel_rms(final[keep], s_ref[keep]) <= RMS_BAR
+    assert ref.rel_rms(o[:, rows], o_ref[:, rows]) <= RMS_BAR
+    assert ref.rel_rms(final[keep], s_ref[keep]) <= RMS_BAR
     return plan
 
 
@@ -127,7 +125,7 @@ def test_fixed_length_batch_and_determinism():
     runs = [chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True) for _ in range(2)]
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     o_ref, s_ref = ref.recurrent(q, k, v, g, beta)
-    assert rel_rms(runs[0][0], o_ref) <= RMS_BAR and rel_rms(runs[0][1], s_ref) <= RMS_BAR
+    assert ref.rel_rms(runs[0][0], o_ref) <= RMS_BAR and ref.rel_rms(runs[0][1], s_ref) <= RMS_BAR
 
 
 def test_cuda_graph_replay_with_plan():
@@ -149,7 +147,7 @@ def test_cuda_graph_replay_with_plan():
     graph.replay()
     torch.cuda.synchronize()
     o_ref, _ = ref.recurrent(q, k, v, g, beta, cu_seqlens=cu_host)
-    assert rel_rms(out, o_ref) <= RMS_BAR
+    assert ref.rel_rms(out, o_ref) <= RMS_BAR
 
 
 def test_bad_input_is_refused():
@@ -170,3 +168,33 @@ def test_bad_input_is_refused():
         chunk_gated_delta_rule(*(torch.cat([t, t]) for t in (q, k, v, g, beta)), cu_seqlens=cu)
     with pytest.raises(RuntimeError, match="no backward"):
         chunk_gated_delta_rule(q, k, v.clone().requires_grad_(), g, beta)
+
+
+def test_no_tokens_passes_the_states_through():
+    # T = 0: no chunk at all, yet every sequence's final state is written (= its initial state).
+    q, k = (torch.empty(1, 0, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.empty(1, 0, 4, 128, device="cuda", dtype=torch.bfloat16)
+    g, beta = torch.empty(1, 0, 4, device="cuda"), torch.empty(1, 0, 4, device="cuda")
+    initial = torch.randn(2, 4, 128, 128, device="cuda")
+    cu = torch.zeros(3, dtype=torch.int32, device="cuda")
+    o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, cu_seqlens=cu)
+    assert o.shape == v.shape and torch.equal(final, initial)
+
+
+def test_graph_capture_with_a_fresh_plan_made_for_the_device():
+    # The kernels are loaded by an earlier call with another plan; a fresh plan made with device="cuda"
+    # must need no copy at its first use, inside the capture.
+    lengths, cu_host = [300, 65], [0, 300, 365]
+    q, k, v, g, beta = make_inputs(lengths, 2, 2, 128, torch.bfloat16, False, True, seed=17)
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)
+    torch.cuda.synchronize()
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=4, head_dim=128, segment_chunks=2, device="cuda")
+    out = torch.full_like(v, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, plan=plan, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    o_ref, _ = ref.recurrent(q, k, v, g, beta, cu_seqlens=cu_host)
+    assert ref.rel_rms(out, o_ref) <= RMS_BAR

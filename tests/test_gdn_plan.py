@@ -123,3 +123,18 @@ def test_op_tables_match_the_model(seqlens, heads_v, sms):
     assert [r[4] for r in got] == sorted((r[4] for r in got), reverse=True)  # the longest first
     assert plan.summary_segments.tolist() == [r for r in got if r[5] >= 0]
     assert plan.chains.tolist() == chains and plan.num_summaries == base
+
+
+def test_splits_stay_within_the_grid():
+    # 64000 one-token sequences and one long one: splitting the long one as the cost model likes would
+    # pass the kernels' 65535 segments; the planner stays within its cap.
+    lengths = [1] * 64000 + [2 * 1024 * 1024]
+    plan = plan_chunks(lengths, parallel_per_segment=1, costs=RecurrenceCosts(), max_segments=65535)
+    assert len(plan.segments) <= 65535 and plan.segment_chunks < 32768  # split, within the cap
+
+
+def test_op_plan_counts_empty_sequences_against_the_grid():
+    # 65000 empty sequences (a segment row each) leave the long one at most 535 segments.
+    from kgen.ops import plan_chunk_gated_delta_rule
+    plan = plan_chunk_gated_delta_rule([0] * 65001 + [2 * 1024 * 1024], num_heads_v=1, head_dim=128)
+    assert len(plan.segments) <= 65535 and plan.schedule.segments.shape[0] > 1

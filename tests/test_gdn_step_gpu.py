@@ -30,8 +30,6 @@ def head_dims():
     return registry.current().family("gated_delta_rule_step").supported("head_dim")
 
 
-def rel_rms(got, want):
-    return ((got.double() - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
 def run_step(batch, pool, heads, group, head_dim, dtype, layout, l2norm, beta_fp32, padded, seed):
@@ -64,8 +62,8 @@ def run_step(batch, pool, heads, group, head_dim, dtype, layout, l2norm, beta_fp
                                  use_qk_l2norm=l2norm, state_layout=layout)
     assert not out.isnan().any(), "o left unwritten"
     if used.any():
-        assert rel_rms(out[used], o_ref[:, 0]) <= RMS_BAR
-        assert rel_rms(states[slots[used].long()], s_ref) <= RMS_BAR
+        assert ref.rel_rms(out[used], o_ref[:, 0]) <= RMS_BAR
+        assert ref.rel_rms(states[slots[used].long()], s_ref) <= RMS_BAR
     assert (out[~used] == 0).all(), "a padded slot's o must be 0"
     # Pool rows no sequence names (NaN-poisoned, padded slots name none) are never touched.
     assert torch.equal(states[unused].isnan(), before[unused].isnan())

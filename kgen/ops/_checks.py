@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterable, Sequence
 
 import numpy as np
 import torch
+
+from kgen.launch import current_device
 
 #: The kernels index tokens, offsets and window bounds with 32-bit integers, and
 #: cu_seqlens reach the device as int32: every length, total and window stays below this.
@@ -58,3 +61,19 @@ def check_seqlens(name: str, seqlens: Sequence[int]) -> np.ndarray:
     if total > INT32_LIMIT:
         raise ValueError(f"{name}: the lengths add up to {total} tokens; the kernels index at most {INT32_LIMIT}")
     return lengths
+
+
+def check_scale(name: str, value) -> float:
+    """A real number (numpy scalars included) that stays finite as the kernels' fp32."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(np.float32(value)):
+        raise ValueError(f"{name}: expected a real number finite in fp32, got {value!r}")
+    return float(value)
+
+
+def cuda_device(device) -> torch.device:
+    """``device`` with its index: "cuda" means the current device (a table keyed by device must not
+    tell "cuda" from "cuda:0")."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", current_device())
+    return device

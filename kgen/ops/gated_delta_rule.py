@@ -8,14 +8,12 @@ GVA: v-head i reads q/k head ``i // (HV / H)``. States are fp32, ``[P, HV, K, V]
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from kgen import registry
 from kgen.launch import KernelLauncher
-from kgen.ops._checks import check_dense_rows, check_shape, check_tensor
+from kgen.ops._checks import check_dense_rows, check_scale, check_shape, check_tensor
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes
 
 STEP_FAMILY = "gated_delta_rule_step"
@@ -56,7 +54,8 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         state: fp32 pool ``[P, HV, K, V]`` (``"kv"``) or ``[P, HV, V, K]`` (``"vk"``), contiguous.
         state_indices: int32 ``[B]``: the pool row of each sequence, -1 for a padded slot, whose
             state is never touched and whose o is 0. Values are not checked on the device (that
-            would synchronise): each must be -1 or a row of the pool. Without it, sequence b uses row b.
+            would synchronise): each must be -1 or a row of the pool, and no row may appear twice
+            (two sequences would update one state at once). Without it, sequence b uses row b.
         scale: default K^-1/2. use_qk_l2norm_in_kernel: normalise q and k over K first (eps 1e-6).
         out: optional preallocated o (contiguous ``[B, HV, V]`` in q's dtype).
     """
@@ -69,8 +68,8 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     check_tensor("v", v, ndim=3, dtypes=(q.dtype,), device=device)
     heads_v = v.shape[1]
     check_shape("v", v, (batch, heads_v, head_dim), "[B, HV, V] with V = K")
-    if heads == 0 or heads_v % heads:
-        raise ValueError(f"v: HV={heads_v} v-heads must be a multiple of H={heads} q/k heads")
+    if heads == 0 or heads_v == 0 or heads_v % heads:
+        raise ValueError(f"v: HV={heads_v} v-heads must be a positive multiple of H={heads} q/k heads")
     if heads_v > _MAX_GRID_YZ or batch > _MAX_GRID_YZ:
         raise ValueError(f"q, v: B={batch} and HV={heads_v} must each be at most {_MAX_GRID_YZ} (the kernel's grid)")
     check_tensor("g", g, ndim=2, dtypes=(torch.float32,), device=device)
@@ -92,10 +91,7 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
             (("state_indices", state_indices),) if state_indices is not None else ()):
         _check_contiguous(name, t)
     check_dense_rows("state", state)  # contiguous and 16-byte aligned: the kernel moves it in float4s
-    if scale is None:
-        scale = head_dim ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite float, got {scale!r}")
+    scale = head_dim ** -0.5 if scale is None else check_scale("scale", scale)
     if not isinstance(use_qk_l2norm_in_kernel, bool):
         raise TypeError(f"use_qk_l2norm_in_kernel: expected a bool, got {use_qk_l2norm_in_kernel!r}")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, g, beta)):

@@ -17,7 +17,6 @@ it the op never synchronises with the device and can be captured in a CUDA graph
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 
@@ -25,8 +24,9 @@ import numpy as np
 import torch
 
 from kgen import registry, tma
+from kgen.launch import current_device
 from kgen.layout import GDN_CHAIN_COLUMNS, GDN_SEGMENT_FIELDS
-from kgen.ops._checks import INT32_LIMIT, check_dense_rows, check_int, check_shape, check_tensor
+from kgen.ops._checks import INT32_LIMIT, check_dense_rows, check_int, check_scale, check_shape, check_tensor, cuda_device
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, spec_dtypes, tail_pair
 from kgen.ops.attention_plan import seqlens_from_cu
 from kgen.ops.gdn_plan import ChunkSchedule, RecurrenceCosts, plan_chunks
@@ -44,7 +44,10 @@ class ChunkGatedDeltaRulePlan:
     """The chunk and segment tables of one batch layout, for :func:`chunk_gated_delta_rule`.
 
     Tables live on the host until first used on a device (or at once with ``device=``); plan
-    with ``device=`` before capturing a CUDA graph, since the first use copies them.
+    with ``device=`` before capturing a CUDA graph, since the first use copies them. A captured
+    graph reads the tables where they are: keep the plan alive as long as the graph. The op checks
+    a plan against its tensors' sequence count and total tokens only (the lengths themselves are
+    on the device): a plan made for other lengths with the same totals gives wrong results.
     """
 
     schedule: ChunkSchedule
@@ -74,6 +77,7 @@ class ChunkGatedDeltaRulePlan:
 
     def tables(self, device: torch.device) -> tuple[torch.Tensor, ...]:
         """(chunks, segments, summary segments, chains) on ``device``, copied there on first use."""
+        device = cuda_device(device)
         found = self._tables.get(device)
         if found is None:
             found = tuple(torch.from_numpy(np.ascontiguousarray(t)).to(device)
@@ -120,10 +124,11 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
     value_slice, blocks_per_sm = _recurrence_shape(head_dim, tile_n)
     slices = head_dim // value_slice
     # The summary covers K + V = 2 K columns.
+    empty = sum(1 for n in seqlens if n == 0)  # a segment row each, besides the planner's
     schedule = plan_chunks(seqlens, chunk=64, parallel_per_segment=num_heads_v * slices,
                            summary_per_segment=2 * num_heads_v * slices,
                            costs=RecurrenceCosts(num_sms=num_sms, blocks_per_sm=blocks_per_sm),
-                           segment_chunks=segment_chunks)
+                           segment_chunks=segment_chunks, max_segments=_MAX_GRID_YZ - empty)
     lengths = np.asarray(seqlens, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)])
 
@@ -158,14 +163,17 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
                                    segments=rows, summary_segments=rows[rows[:, 5] >= 0], chains=chains,
                                    num_summaries=int(base[-1]))
     if device is not None:
-        plan.tables(torch.device(device))
+        plan.tables(device)
     return plan
 
 
 _kernels = DispatchCache()
 # The recurrence's TMA descriptors, per calling thread (a patch must not race another thread's
 # launch) and tensor layout; a tensor at a new address only patches its descriptor.
+# A descriptor holds a reference to its tensor, so the table stays small: the few layouts of the
+# latest calls.
 _maps: dict[tuple, tma.TensorMaps] = {}
+_MAX_LAYOUTS = 8
 
 
 def _tensor_maps(q3, k3, v3, tbeta3) -> tuple:
@@ -173,7 +181,7 @@ def _tensor_maps(q3, k3, v3, tbeta3) -> tuple:
         (tuple(t.shape), tuple(t.stride())) for t in (q3, k3, v3, tbeta3))
     maps = _maps.get(key)
     if maps is None:
-        if len(_maps) > 64:  # layouts come and go with batch shapes; keep the table small
+        if len(_maps) >= _MAX_LAYOUTS:  # layouts come and go with batch shapes
             _maps.clear()
         maps = _maps[key] = tma.TensorMaps({role: 64 for role in "qkvt"}, 128)
     return tuple(maps.get(role, t) for role, t in zip("qkvt", (q3, k3, v3, tbeta3)))
@@ -226,8 +234,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     check_tensor("v", v, ndim=4, dtypes=(q.dtype,), device=device)
     heads_v = v.shape[2]
     check_shape("v", v, (batch, tokens, heads_v, head_dim), "[B, T, HV, V] with V = K")
-    if heads == 0 or heads_v % heads:
-        raise ValueError(f"v: HV={heads_v} v-heads must be a multiple of H={heads} q/k heads")
+    if heads == 0 or heads_v == 0 or heads_v % heads:
+        raise ValueError(f"v: HV={heads_v} v-heads must be a positive multiple of H={heads} q/k heads")
     if heads_v > _MAX_GRID_YZ:
         raise ValueError(f"v: HV={heads_v} must be at most {_MAX_GRID_YZ} (the kernels' grid)")
     check_tensor("g", g, ndim=3, dtypes=(torch.float32,), device=device)
@@ -241,10 +249,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     for name, flag in (("output_final_state", output_final_state), ("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name}: expected a bool, got {flag!r}")
-    if scale is None:
-        scale = head_dim ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite float, got {scale!r}")
+    scale = head_dim ** -0.5 if scale is None else check_scale("scale", scale)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, g, beta)):
         raise RuntimeError("chunk_gated_delta_rule has no backward: call it under torch.no_grad() or on detached tensors")
 
@@ -253,8 +258,10 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
             raise ValueError(f"cu_seqlens: packed varlen takes B = 1, got B = {batch}")
         check_tensor("cu_seqlens", cu_seqlens, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
     if plan is None:
-        cu = cu_seqlens.cpu() if cu_seqlens is not None else [tokens * b for b in range(batch + 1)]
-        plan = plan_chunk_gated_delta_rule(cu, num_heads_v=heads_v, head_dim=head_dim)
+        if cu_seqlens is not None:  # the lengths are on the device: a synchronisation
+            plan = plan_chunk_gated_delta_rule(cu_seqlens.cpu(), num_heads_v=heads_v, head_dim=head_dim)
+        else:
+            plan = _fixed_length_plan(batch, tokens, heads_v, head_dim, device)
     elif not isinstance(plan, ChunkGatedDeltaRulePlan):
         raise TypeError(f"plan: expected a ChunkGatedDeltaRulePlan, got {type(plan).__name__}")
     num_seqs = plan.num_seqs
@@ -279,6 +286,31 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     final = q.new_empty((num_seqs, heads_v, head_dim, head_dim), dtype=torch.float32) if output_final_state else None
     if not num_seqs:
         return out, final
+    if device.index != current_device():  # descriptors are made on, and for, the current device
+        with torch.cuda.device(device.index):
+            return _launch(plan, q, k, v, g, beta, initial_state, out, final, scale, state_layout,
+                           use_qk_l2norm_in_kernel)
+    return _launch(plan, q, k, v, g, beta, initial_state, out, final, scale, state_layout, use_qk_l2norm_in_kernel)
+
+
+_fixed_plans = DispatchCache()
+
+
+def _fixed_length_plan(batch: int, tokens: int, heads_v: int, head_dim: int, device: torch.device):
+    """The plan of B sequences of T tokens, made once (its tables then stay on the device: no copy per call)."""
+    key = (batch, tokens, heads_v, head_dim, device.index)
+    found = _fixed_plans.get(key)
+    if found is None:
+        found = _fixed_plans.put(key, plan_chunk_gated_delta_rule([tokens * b for b in range(batch + 1)],
+                                                                  num_heads_v=heads_v, head_dim=head_dim,
+                                                                  device=device))
+    return found
+
+
+def _launch(plan, q, k, v, g, beta, initial_state, out, final, scale, state_layout, use_qk_l2norm_in_kernel):
+    """The kernels of chunk_gated_delta_rule on checked inputs, on q's device (the current one)."""
+    device = q.device
+    heads, head_dim, heads_v = q.shape[2], q.shape[3], v.shape[2]
     slice_v = plan.value_slice
     kkt, recurrence, summary, chain = _kernels_for(device.index, head_dim, q.dtype, state_layout, slice_v,
                                                    plan.has_incomplete_tile)
@@ -293,9 +325,14 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         kkt((num_chunks, heads), k.data_ptr(), g.data_ptr(), beta.data_ptr(), beta_is_fp32, chunks.data_ptr(),
             tbeta.data_ptr(), heads, heads_v, l2norm)
     initial = 0 if initial_state is None else initial_state.data_ptr()
-    # Tokens by heads by features for TMA (B x T flattened); Tbeta as rows of 64.
-    maps = _tensor_maps(q.view(-1, heads, head_dim), k.view(-1, heads, head_dim), v.view(-1, heads_v, head_dim),
-                        tbeta.view(-1, 1, 64))
+    # Tokens by heads by features for TMA (B x T flattened); Tbeta as rows of 64. With no tokens at all
+    # no tile is ever loaded, and the parameters take Tbeta's descriptor (an empty tensor has none).
+    tbeta_rows = tbeta.view(-1, 1, 64)
+    if num_chunks:
+        maps = _tensor_maps(q.view(-1, heads, head_dim), k.view(-1, heads, head_dim), v.view(-1, heads_v, head_dim),
+                            tbeta_rows)
+    else:
+        maps = _tensor_maps(tbeta_rows, tbeta_rows, tbeta_rows, tbeta_rows)
     summaries = starts = None
     if plan.num_summaries:
         summaries = torch.empty((plan.num_summaries, heads_v, head_dim, 2 * head_dim), device=device, dtype=torch.float32)

@@ -83,14 +83,16 @@ def estimated_time(chunks: np.ndarray, segment_chunks: int, *, parallel_per_segm
 
 
 def choose_segment_chunks(chunks: np.ndarray, *, parallel_per_segment: int, summary_per_segment: int,
-                          costs: RecurrenceCosts | None, min_segment_chunks: int) -> int:
+                          costs: RecurrenceCosts | None, min_segment_chunks: int, max_segments: int | None = None) -> int:
     """The segment length (in chunks) the cost model finds fastest, among those that split the longest
-    sequence evenly and are at least ``min_segment_chunks``; on a tie the longer (fewer segments).
-    ``costs`` None never splits."""
+    sequence evenly, are at least ``min_segment_chunks`` and make at most ``max_segments`` segments; on a
+    tie the longer (fewer segments). ``costs`` None never splits."""
     longest = int(chunks.max(initial=0))
     if costs is None or longest <= min_segment_chunks:
         return max(longest, 1)
     candidates = sorted({-(-longest // k) for k in range(1, longest // min_segment_chunks + 1)}, reverse=True)
+    if max_segments is not None:  # the unsplit length always stays a candidate
+        candidates = [n for n in candidates if n == longest or int(_segments_per_sequence(chunks, n).sum()) <= max_segments]
     times = [estimated_time(chunks, n, parallel_per_segment=parallel_per_segment,
                             summary_per_segment=summary_per_segment, costs=costs) for n in candidates]
     return candidates[int(np.argmin(times))]  # argmin takes the first, the longest, of equal times
@@ -98,13 +100,15 @@ def choose_segment_chunks(chunks: np.ndarray, *, parallel_per_segment: int, summ
 
 def plan_chunks(seqlens: Sequence[int], *, chunk: int = 64, parallel_per_segment: int = 1,
                 summary_per_segment: int | None = None, costs: RecurrenceCosts | None = None,
-                min_segment_chunks: int = 8, segment_chunks: int | None = None) -> ChunkSchedule:
+                min_segment_chunks: int = 8, segment_chunks: int | None = None,
+                max_segments: int | None = None) -> ChunkSchedule:
     """The chunks and segments of a batch of sequences of ``seqlens`` tokens (see the module docstring).
 
     A segment runs as ``parallel_per_segment`` forward blocks (v-heads x value slices) and, when a
     later segment needs its summary, ``summary_per_segment`` summary blocks (default twice as many:
     the summary has K + V columns). The split is the one ``costs`` models fastest; None never splits.
-    ``segment_chunks`` forces the segment length instead.
+    ``segment_chunks`` forces the segment length instead; the planner's choice makes at most
+    ``max_segments`` segments (the kernels' grid limit) where a split does.
     """
     lengths = check_seqlens("seqlens", seqlens)
     check_int("chunk", chunk, minimum=1)
@@ -121,7 +125,7 @@ def plan_chunks(seqlens: Sequence[int], *, chunk: int = 64, parallel_per_segment
     if segment_chunks is None:
         segment_chunks = choose_segment_chunks(chunks, parallel_per_segment=parallel_per_segment,
                                                summary_per_segment=summary_per_segment, costs=costs,
-                                               min_segment_chunks=min_segment_chunks)
+                                               min_segment_chunks=min_segment_chunks, max_segments=max_segments)
     else:
         check_int("segment_chunks", segment_chunks, minimum=1)
     pieces = _segments_per_sequence(chunks, segment_chunks)
