@@ -23,6 +23,7 @@ from typing import Any, Callable, TextIO
 import common
 import attention_common
 import bench_attention
+import bench_attention_decode
 import bench_attention_kernels
 import bench_attention_sweep
 import bench_gdn_chunk
@@ -40,6 +41,7 @@ BENCHMARKS: list[tuple[str, Callable[[Path, argparse.Namespace], list[dict[str, 
     ("attention", bench_attention.run),
     ("attention sweep", bench_attention_sweep.run),
     ("attention kernels", bench_attention_kernels.run),
+    ("attention decode", bench_attention_decode.run),
     ("gdn chunk", bench_gdn_chunk.run),
     ("gdn kkt", bench_gdn_kkt.run),
     ("gdn sweep", bench_gdn_sweep.run),

@@ -67,6 +67,13 @@ AXIS_VALUE_SCHEMAS: dict[str, dict] = {
     "rows_per_thread": {**_positive_int, "maximum": 16},
     # How a recurrent state [K, V] is stored: "kv" (fla's), or "vk" (vLLM's, sglang's, FlashInfer's).
     "state_layout": {"enum": ["kv", "vk"]},
+    # How a KV cache is laid out: [B, Lmax, Hkv, D] per request, or pages [num_pages, page_size, Hkv, D]
+    # named by a block table.
+    "kv_layout": {"enum": ["contiguous", "paged"]},
+    # How whole K/V tiles reach shared memory: TMA boxes, or cp.async gathers (any page size).
+    "kv_load": {"enum": ["tma", "cp_async"]},
+    # Tiles in flight or ready per pipeline (per warp, or per block).
+    "stages": {"type": "integer", "minimum": 2, "maximum": 8},
 }
 
 _identifier = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}

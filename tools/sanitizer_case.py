@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitizer_case.py
 
 Attention over a packed batch with tails (each kernel and tail policy, and the no-tail variant on
-whole tiles), neighbours poisoned with NaN/Inf, the gated delta rule's chunked forward (tails, a
+whole tiles), neighbours poisoned with NaN/Inf, decode attention (each load and tail policy, contiguous
+and paged, a request split and merged in the kernel), the gated delta rule's chunked forward (tails, a
 split sequence with its summaries and chain, both layouts, l2norm) and decode step, and both merge
 kernels.
 """
@@ -11,7 +12,8 @@ kernels.
 import torch
 
 from kgen import registry
-from kgen.ops import attention_varlen, merge_attention_states, merge_attention_states_n, plan_attention_varlen
+from kgen.ops import attention_decode, attention_varlen, merge_attention_states, merge_attention_states_n
+from kgen.ops import plan_attention_decode, plan_attention_varlen
 from kgen.ops import chunk_gated_delta_rule, gated_delta_rule_step, plan_chunk_gated_delta_rule
 
 
@@ -57,6 +59,23 @@ def main() -> None:
                                       output_final_state=True, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"),
                                       use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan)
         assert not o[0, :lengths[0]].isnan().any(), "NaN leaked into sequence 0 (gated delta rule)"
+    # Decode: every load and tail policy, contiguous and paged (pages of 16 by TMA, of 5 by cp.async), a
+    # request split many ways (merged by its last CTA) beside short ones and an empty one, two tokens a request.
+    lengths = [3000, 17, 0, 64]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q = torch.randn((4, 2, 8, 128), device="cuda", dtype=torch.bfloat16)
+    for page_size, kv_load, tail in ((None, "tma", "cp_async"), (None, "tma", "tma"), (None, "cp_async", None),
+                                     (16, "tma", "cp_async"), (5, "cp_async", None)):
+        if page_size is None:
+            k, v = (torch.randn((4, 3000, 2, 128), device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            table = None
+        else:
+            pages = -(-3000 // page_size)
+            k, v = (torch.randn((4 * pages, page_size, 2, 128), device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            table = torch.randperm(4 * pages, device="cuda", dtype=torch.int32).view(4, pages)
+        plan = plan_attention_decode(lengths, num_heads_q=8, num_heads_kv=2, head_dim=128, q_len=2, page_size=page_size,
+                                     kv_load=kv_load, tail=tail, num_sms=132, device="cuda")
+        attention_decode(q, k, v, seqlens, block_table=table, plan=plan)
     v = torch.randn((3, 1000, 4, 128), device="cuda", dtype=torch.bfloat16)
     lse = torch.randn((3, 1000, 4), device="cuda")
     merge_attention_states(v[0], lse[0], v[1], lse[1])
