@@ -414,7 +414,8 @@ SPEC_KEYS = ["family", "description", "template", "entries", "allow_spills", "mi
 # specs reach past the schema into exclusion/default checks and expansion.
 AXIS_VALUES = st.sampled_from([
     8, 64, 80, 128, 512, 12, 0, -8, 1, 2, 4, 32, 33, 1024, 2048, 8.0, 64.5,
-    "bf16", "fp16", "fp32", "fp64", "tma", "cp_async", "dma", "kv", "vk", True, False, None, "", "64",
+    "bf16", "fp16", "fp32", "fp64", "tma", "cp_async", "dma", "kv", "vk", "paged", "contiguous", True, False, None, "",
+    "64",
 ])
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
@@ -436,7 +437,8 @@ VALID_VALUES = {
     "head_dim": [64, 80, 128, 256], "dtype": ["bf16", "fp16", "fp32"], "tile_m": [16, 64, 128],
     "tile_n": [32, 64], "num_warps": [1, 4, 8], "min_blocks_per_sm": [1, 2],
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": [1, 2, 4],
-    "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"],
+    "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"], "kv_layout": ["contiguous", "paged"],
+    "kv_load": ["tma", "cp_async"], "stages": [2, 3, 4],
 }
 assert set(VALID_VALUES) == set(AXES)
 
@@ -712,7 +714,8 @@ ALL_VALUES = {
     "head_dim": list(range(8, 513, 8)), "dtype": ["bf16", "fp16", "fp32"], "tile_m": list(range(16, 257, 16)),
     "tile_n": list(range(16, 257, 16)), "num_warps": [1, 2, 4, 8, 12, 16], "min_blocks_per_sm": list(range(1, 33)),
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": list(range(1, 17)),
-    "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"],
+    "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"], "kv_layout": ["contiguous", "paged"],
+    "kv_load": ["tma", "cp_async"], "stages": [2, 3, 4],
 }
 assert set(ALL_VALUES) == set(AXES)
 

@@ -76,15 +76,16 @@ class SplitPlan:
 def plan_splits(num_items: int, max_tiles: int, *, num_sms: int, blocks_per_sm: int = 2, split_cap: int = 32
                 ) -> SplitPlan:
     """The split plan for ``num_items`` (request, KV head, row group) items of at most ``max_tiles`` CTA tiles:
-    enough splits that the grid fills ``blocks_per_sm`` blocks per SM, no more than ``split_cap`` or the
-    tiles, and one when the items already fill it."""
+    as many splits as fit the grid in one wave of ``blocks_per_sm`` blocks per SM, no more than ``split_cap``
+    or the tiles, and one when the items already fill it."""
     check_int("num_items", num_items, minimum=0)
     check_int("max_tiles", max_tiles, minimum=1)
     check_int("num_sms", num_sms, minimum=1)
     check_int("blocks_per_sm", blocks_per_sm, minimum=1)
     check_int("split_cap", split_cap, minimum=1)
     target = num_sms * blocks_per_sm
-    wanted = 1 if num_items >= target or num_items == 0 else -(-target // num_items)
+    # At most one wave: blocks of a second, partial wave run with too few loads in flight to keep HBM busy.
+    wanted = max(1, target // num_items) if num_items else 1
     splits = max(1, min(wanted, split_cap, max_tiles))
     tiles_per_split = -(-max_tiles // splits)
     # Fewer splits may cover the bound with that many tiles each.
