@@ -73,7 +73,7 @@ class SplitPlan:
         return range(split * self.tiles_per_split, end)
 
 
-def plan_splits(num_items: int, max_tiles: int, *, num_sms: int, blocks_per_sm: int = 2, split_cap: int = 32
+def plan_splits(num_items: int, max_tiles: int, *, num_sms: int, blocks_per_sm: int = 1, split_cap: int = 32
                 ) -> SplitPlan:
     """The split plan for ``num_items`` (request, KV head, row group) items of at most ``max_tiles`` CTA tiles:
     as many splits as fit the grid in one wave of ``blocks_per_sm`` blocks per SM, no more than ``split_cap``
