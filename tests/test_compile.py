@@ -217,6 +217,22 @@ def test_gdn_kkt_sass_is_mma_sync_with_no_local_memory(name, tmp_path):
     assert not local, f"{name}: local memory accesses: {local[:5]}"
 
 
+@pytest.mark.parametrize("name", [v.name for v in _gdn_variants("attention_decode")], ids=lambda n: n.split("[")[1])
+def test_decode_sass_is_mma_sync_with_its_loads_and_no_local_memory(name, tmp_path):
+    variant = next(v for v in _gdn_variants("attention_decode") if v.name == name)
+    params = variant.param_dict
+    cubin, _ = _compiled(name)
+    text = sass_by_function(cubin, tmp_path)["attention_decode"]
+    assert re.search(r"\bHMMA\.16816\.F32\.BF16\b", text) and re.search(r"\bLDSM\.16\.MT88\.4\b", text)
+    # TMA boxes only for kv_load=tma; cp.async for gathers, and for tails where they load by it.
+    assert bool(re.search(r"\bUTMALDG\.3D\b", text)) is (params["kv_load"] == "tma")
+    cp_async = params["kv_load"] == "cp_async" or (params["has_incomplete_tile"] and params["tail"] == "cp_async")
+    assert bool(_CP_ASYNC.search(text)) is cp_async
+    assert re.search(r"\bATOMG\.E\.ADD\b|\bATOMG\.ADD\b|\bRED\.E\.ADD\b", text), "no split counter"
+    local = [line.strip() for line in text.splitlines() if _LOCAL.search(line)]
+    assert not local, f"{name}: local memory accesses: {local[:5]}"
+
+
 def test_sass_patterns_match_what_they_should():
     # The SASS checks above are only as good as these regular expressions.
     assert _LDG_128.search("/*1290*/ LDG.E.EF.128 R4, desc[UR8][R4.64] ;")
