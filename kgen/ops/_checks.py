@@ -77,3 +77,10 @@ def cuda_device(device) -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", current_device())
     return device
+
+
+def refuse_grad(op: str, *tensors) -> None:
+    """No kgen op has a backward: tensors that require grad, in a grad-enabled context, are refused, not detached
+    (anything not a tensor is left to the argument checks)."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        raise RuntimeError(f"{op} has no backward: call it under torch.no_grad() or on detached tensors")

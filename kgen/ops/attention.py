@@ -17,7 +17,8 @@ import torch
 
 from kgen import arch, config, registry, tma
 from kgen.launch import KernelLauncher, current_device
-from kgen.ops._checks import check_tensor
+from kgen.ops import library, recipes
+from kgen.ops._checks import check_tensor, refuse_grad
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes, without_tail
 from kgen.registry import UnsupportedVariantError, Variant
 from kgen.ops.attention_plan import TileSchedule, choose_schedule, plan_tiles, seqlens_from_cu, validate_window
@@ -48,6 +49,9 @@ class AttentionPlan:
     #: The work list (int32 [num_work, 2]: sequence, query tile) where it lives now: on the
     #: host until the plan is placed on a device.
     _placed: list = field(repr=False)
+    #: The plan's inputs as plain ints, the chosen kernel's tile shape included: what
+    #: :func:`plan_from_recipe` makes the same plan from (how a plan crosses into torch.ops.kgen).
+    recipe: tuple = ()
     #: The calls made with this plan, checked once each (see :func:`attention_varlen`); they live
     #: as long as the plan.
     _prepared: dict = field(default_factory=dict, repr=False)
@@ -159,7 +163,28 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     work = torch.from_numpy(schedule.work)
     # [work list, whether it may still move to the first device that uses it]
     placed = [work, True] if device is None else [work.to(torch.device(device)), False]
-    return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), variant, placed)
+    chosen = variant.param_dict
+    recipe = (head_dim, recipes.code(recipes.DTYPES, dtype), int(causal), *window, recipes.code(recipes.TAILS, chosen["tail"]),
+              chosen["tile_m"], chosen["tile_n"], recipes.code(recipes.MMAS, chosen["mma"]), len(seqlens_q),
+              *recipes.cumulative(seqlens_q), *recipes.cumulative(seqlens_k))
+    return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), variant, placed, recipe)
+
+
+def plan_from_recipe(recipe: tuple, work: torch.Tensor) -> AttentionPlan:
+    """The plan ``recipe`` describes (see AttentionPlan.recipe), its work list the device tensor ``work``; made once."""
+    key = (recipe, work.device)
+    found = _from_recipe.get(key)
+    if found is None:
+        head_dim, dtype, causal, left, right, tail, tile_m, tile_n, mma, num_seqs, *cu = recipe
+        found = plan_attention_varlen(cu[:num_seqs + 1], cu[num_seqs + 1:], head_dim=head_dim,
+                                      dtype=recipes.DTYPES[dtype], causal=bool(causal), window=(left, right),
+                                      tail=recipes.TAILS[tail], tile_m=tile_m, tile_n=tile_n, mma=recipes.MMAS[mma])
+        found._placed[:] = [work, False]
+        found = _from_recipe.put(key, found)
+    return found
+
+
+_from_recipe = DispatchCache()
 
 
 _launchers = DispatchCache()
@@ -236,6 +261,11 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ``out`` ``[total_q, Hq, D]`` in q's dtype, or ``(out, lse)``. Rows with no key to
         attend (and no sink) are 0 with LSE -inf.
     """
+    refuse_grad("attention_varlen", q, k, v)
+    if torch.compiler.is_compiling():
+        return library.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, sink=sink,
+                                        softmax_scale=softmax_scale, return_lse=return_lse, plan=plan, out=out,
+                                        lse_out=lse_out)
     # A call shaped like an earlier one of the same plan (layouts, dtypes, devices, options, calling
     # thread) reuses what the checks established and launches with the new addresses: the hot path of
     # a model. Anything unusual (no plan, options of unusual types) takes the checks every time.

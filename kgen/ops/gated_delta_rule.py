@@ -13,7 +13,8 @@ import torch
 
 from kgen import registry
 from kgen.launch import KernelLauncher
-from kgen.ops._checks import check_dense_rows, check_scale, check_shape, check_tensor
+from kgen.ops import library
+from kgen.ops._checks import check_dense_rows, check_scale, check_shape, check_tensor, refuse_grad
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes
 
 STEP_FAMILY = "gated_delta_rule_step"
@@ -59,6 +60,11 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         scale: default K^-1/2. use_qk_l2norm_in_kernel: normalise q and k over K first (eps 1e-6).
         out: optional preallocated o (contiguous ``[B, HV, V]`` in q's dtype).
     """
+    refuse_grad("gated_delta_rule_step", q, k, v, g, beta, state)
+    if torch.compiler.is_compiling():
+        return library.gated_delta_rule_step(q, k, v, g, beta, state, scale=scale, state_indices=state_indices,
+                                             state_layout=state_layout, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                             out=out)
     dtypes = spec_dtypes(STEP_FAMILY)
     check_tensor("q", q, ndim=3, dtypes=dtypes)
     device = q.device
@@ -94,8 +100,6 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     scale = head_dim ** -0.5 if scale is None else check_scale("scale", scale)
     if not isinstance(use_qk_l2norm_in_kernel, bool):
         raise TypeError(f"use_qk_l2norm_in_kernel: expected a bool, got {use_qk_l2norm_in_kernel!r}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, g, beta)):
-        raise RuntimeError("gated_delta_rule_step has no backward: call it under torch.no_grad() or on detached tensors")
 
     if out is None:
         out = v.new_empty((batch, heads_v, head_dim))

@@ -26,7 +26,9 @@ import torch
 from kgen import registry, tma
 from kgen.launch import current_device
 from kgen.layout import GDN_CHAIN_COLUMNS, GDN_SEGMENT_FIELDS
-from kgen.ops._checks import INT32_LIMIT, check_dense_rows, check_int, check_scale, check_shape, check_tensor, cuda_device
+from kgen.ops import library, recipes
+from kgen.ops._checks import (INT32_LIMIT, check_dense_rows, check_int, check_scale, check_shape, check_tensor,
+                              cuda_device, refuse_grad)
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, spec_dtypes, tail_pair
 from kgen.ops.attention_plan import seqlens_from_cu
 from kgen.ops.gdn_plan import ChunkSchedule, RecurrenceCosts, plan_chunks
@@ -65,6 +67,9 @@ class ChunkGatedDeltaRulePlan:
     #: int32 [sequences split, 3]: sequence, first summary slot, summaries.
     chains: np.ndarray
     num_summaries: int
+    #: The plan's inputs as plain ints, its split forced (see kgen.ops.recipes): num_heads_v, head_dim,
+    #: value_slice, segment_chunks, N, then cu_seqlens.
+    recipe: tuple = ()
     _tables: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -161,12 +166,29 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
     plan = ChunkGatedDeltaRulePlan(schedule=schedule, num_heads_v=num_heads_v, head_dim=head_dim,
                                    value_slice=value_slice, chunks=chunks,
                                    segments=rows, summary_segments=rows[rows[:, 5] >= 0], chains=chains,
-                                   num_summaries=int(base[-1]))
+                                   num_summaries=int(base[-1]),
+                                   recipe=(num_heads_v, head_dim, value_slice, schedule.segment_chunks, len(lengths),
+                                           *recipes.cumulative(lengths)))
     if device is not None:
         plan.tables(device)
     return plan
 
 
+def plan_from_recipe(recipe: tuple, tables: list[torch.Tensor]) -> ChunkGatedDeltaRulePlan:
+    """The plan ``recipe`` describes, its tables the device tensors ``tables`` (as ``tables()`` returns them); made once."""
+    device = tables[0].device
+    key = (recipe, device)
+    found = _from_recipe.get(key)
+    if found is None:
+        heads_v, head_dim, value_slice, segment_chunks, num_seqs, *cu = recipe
+        found = plan_chunk_gated_delta_rule(cu, num_heads_v=heads_v, head_dim=head_dim, tile_n=value_slice,
+                                            segment_chunks=segment_chunks)
+        found._tables[device] = tuple(tables)
+        found = _from_recipe.put(key, found)
+    return found
+
+
+_from_recipe = DispatchCache()
 _kernels = DispatchCache()
 # The recurrence's TMA descriptors, per calling thread (a patch must not race another thread's
 # launch) and tensor layout; a tensor at a new address only patches its descriptor.
@@ -225,6 +247,12 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         plan: from :func:`plan_chunk_gated_delta_rule` for these sequences.
         out: optional preallocated o (contiguous, v's shape and dtype).
     """
+    refuse_grad("chunk_gated_delta_rule", q, k, v, g, beta, initial_state)
+    if torch.compiler.is_compiling():
+        return library.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                              output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout,
+                                              plan=plan, out=out)
     dtypes = spec_dtypes(CHUNK_FAMILY)
     check_tensor("q", q, ndim=4, dtypes=dtypes)
     device = q.device
@@ -250,8 +278,6 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         if not isinstance(flag, bool):
             raise TypeError(f"{name}: expected a bool, got {flag!r}")
     scale = head_dim ** -0.5 if scale is None else check_scale("scale", scale)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, g, beta)):
-        raise RuntimeError("chunk_gated_delta_rule has no backward: call it under torch.no_grad() or on detached tensors")
 
     if cu_seqlens is not None:
         if batch != 1:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from kgen.launch import KernelLauncher
-from kgen.ops._checks import check_dense_rows, check_shape, check_tensor
+from kgen.ops import library
+from kgen.ops._checks import check_dense_rows, check_shape, check_tensor, refuse_grad
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes, tail_pair
 
 FAMILY = "merge_attention_states"
@@ -105,6 +106,9 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
 
     No host synchronisation; safe to capture in a CUDA graph.
     """
+    refuse_grad("merge_attention_states", v_a, v_b)
+    if torch.compiler.is_compiling():
+        return library.merge_attention_states(v_a, lse_a, v_b, lse_b, out=out, lse_out=lse_out)
     # One cheap test for the common, valid call (about 1 us); the detailed checks name what is wrong.
     try:
         device_index, shape, dtype = v_a.get_device(), v_a.shape, v_a.dtype
@@ -158,6 +162,9 @@ def merge_attention_states_n(v: torch.Tensor, lse: torch.Tensor, *,
 
     No host synchronisation; safe to capture in a CUDA graph.
     """
+    refuse_grad("merge_attention_states_n", v)
+    if torch.compiler.is_compiling():
+        return library.merge_attention_states_n(v, lse, out=out, lse_out=lse_out)
     try:
         device_index, shape, dtype = v.get_device(), v.shape, v.dtype
         valid = (device_index >= 0 and dtype in DTYPE_NAMES and len(shape) == 4 and v.is_contiguous()

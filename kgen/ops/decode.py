@@ -18,7 +18,8 @@ import torch
 from kgen import registry, tma
 from kgen.launch import KernelLauncher
 from kgen.layout import DECODE_ROWS_PER_BLOCK
-from kgen.ops._checks import INT32_LIMIT, check_int, check_seqlens, check_shape, check_tensor, cuda_device
+from kgen.ops import library, recipes
+from kgen.ops._checks import INT32_LIMIT, check_int, check_seqlens, check_shape, check_tensor, cuda_device, refuse_grad
 from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes, without_tail
 from kgen.ops.attention import softmax_scale_log2
 from kgen.ops.decode_plan import SplitPlan, max_request_tiles, plan_splits, request_tiles
@@ -53,6 +54,8 @@ class DecodePlan:
     variant: Variant
     splits: SplitPlan
     row_groups: int
+    #: The plan's inputs as plain ints, its kernel's choices forced (see kgen.ops.recipes).
+    recipe: tuple = ()
     #: [partial O, partial LSE, counters] once placed on a device (empty without splits).
     _workspace: list = field(default_factory=list, repr=False)
 
@@ -170,11 +173,33 @@ def plan_attention_decode(seqlens_k, *, num_heads_q: int, num_heads_kv: int, hea
     splits = plan_splits(len(lengths) * num_heads_kv * row_groups, tiles, num_sms=num_sms, blocks_per_sm=1)
     if splits.max_splits * row_groups > 2**31 - 1:
         raise ValueError("plan: the grid's x dimension overflows")
+    chosen = variant.param_dict
+    recipe = (num_heads_q, num_heads_kv, head_dim, q_len, recipes.code(recipes.DTYPES, dtype),
+              recipes.NONE if page_size is None else page_size, window_left, max_seqlen_k if bounded else recipes.NONE,
+              recipes.code(recipes.TAILS, chosen["kv_load"]), recipes.code(recipes.TAILS, chosen["tail"]), num_sms,
+              len(lengths), *(int(n) for n in lengths))
     plan = DecodePlan(len(lengths), num_heads_q, num_heads_kv, head_dim, q_len, dtype, page_size, window_left,
-                      max_seqlen_k, variant, splits, row_groups)
+                      max_seqlen_k, variant, splits, row_groups, recipe)
     if device is not None:
         plan.workspace_on(cuda_device(device))
     return plan
+
+
+def plan_from_recipe(recipe: tuple, device: torch.device) -> DecodePlan:
+    """The plan ``recipe`` describes (see DecodePlan.recipe), with a workspace of its own on ``device``; made once."""
+    key = (recipe, device)
+    found = _from_recipe.get(key)
+    if found is None:
+        heads_q, heads_kv, head_dim, q_len, dtype, page_size, window_left, bound, kv_load, tail, num_sms, n, *lengths = recipe
+        found = _from_recipe.put(key, plan_attention_decode(
+            lengths, num_heads_q=heads_q, num_heads_kv=heads_kv, head_dim=head_dim, q_len=q_len,
+            dtype=recipes.DTYPES[dtype], page_size=None if page_size == recipes.NONE else page_size,
+            window_left=window_left, max_seqlen_k=None if bound == recipes.NONE else bound,
+            kv_load=recipes.TAILS[kv_load], tail=recipes.TAILS[tail], num_sms=num_sms, device=device))
+    return found
+
+
+_from_recipe = DispatchCache()
 
 
 def _check_block_table_host(block_table, lengths: np.ndarray, page_size: int | None, num_pages: int | None) -> None:
@@ -249,6 +274,10 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         the kernel refuses on the device (a length past the cache's capacity; a block-table entry
         outside the cache; with a plan for whole slices only, a length that ends mid-slice) gets NaN.
     """
+    refuse_grad("attention_decode", q, k_cache, v_cache)
+    if torch.compiler.is_compiling():
+        return library.attention_decode(q, k_cache, v_cache, seqlens_k, block_table=block_table, window_left=window_left,
+                                        sink=sink, softmax_scale=softmax_scale, return_lse=return_lse, plan=plan, out=out)
     dtypes = spec_dtypes(FAMILY)
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         check_tensor("q", q, ndim=4, dtypes=dtypes)  # names what is wrong unless q is a 4-D tensor
@@ -285,8 +314,6 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if sink.shape[0] != heads_q or not sink.is_contiguous():
             raise ValueError(f"sink: expected a contiguous [{heads_q}] tensor (one logit per query head), got {tuple(sink.shape)}")
     scale_log2 = softmax_scale_log2(softmax_scale, head_dim)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
-        raise RuntimeError("attention_decode has no backward: call it under torch.no_grad() or on detached tensors")
     page_size = k_cache.shape[1] if paged else None
     if plan is None:
         plan = plan_attention_decode(seqlens_k.cpu(), num_heads_q=heads_q, num_heads_kv=heads_kv, head_dim=head_dim,

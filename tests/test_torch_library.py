@@ -1,0 +1,139 @@
+"""kgen's torch.library ops on the CPU: every op under FakeTensorMode (shapes, dtypes, strides), the public
+functions' route to them while torch.compile traces, plans rebuilt from their recipes, and the refusal of
+tensors that require grad."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import kgen.config
+import kgen.ops
+from kgen.ops import attention, decode, gdn_chunk, library
+
+BF16 = torch.bfloat16
+
+
+def cuda(*shape, dtype=BF16):
+    return torch.empty(shape, dtype=dtype, device="cuda")
+
+
+def assert_like(t: torch.Tensor, shape: tuple, dtype: torch.dtype) -> None:
+    assert tuple(t.shape) == shape and t.dtype == dtype and t.device.type == "cuda"
+    assert t.is_contiguous(), f"strides {t.stride()} of a result the kernels write densely"
+
+
+def test_every_op_is_registered():
+    assert set(library.OPS) <= set(dir(torch.ops.kgen))
+    schema = str(torch.ops.kgen.gated_delta_rule_step.default._schema)
+    assert "Tensor(a5!) state" in schema  # the step declares the state it updates in place
+    for name in set(library.OPS) - {"gated_delta_rule_step"}:
+        assert "!" not in str(getattr(torch.ops.kgen, name).default._schema), name
+
+
+def test_fake_shapes_of_every_op():
+    prefill = kgen.ops.plan_attention_varlen([0, 100, 300], [0, 120, 500], head_dim=128, causal=True)
+    decode_plan = kgen.ops.plan_attention_decode([1000, 5], num_heads_q=8, num_heads_kv=2, head_dim=128, q_len=3)
+    chunk_plan = kgen.ops.plan_chunk_gated_delta_rule([0, 700, 765], num_heads_v=4)
+    with FakeTensorMode():
+        out, lse = torch.ops.kgen.merge_attention_states(cuda(7, 4, 64), cuda(7, 4, dtype=torch.float32),
+                                                          cuda(7, 4, 64), cuda(7, 4, dtype=torch.float32))
+        assert_like(out, (7, 4, 64), BF16), assert_like(lse, (7, 4), torch.float32)
+        out, lse = torch.ops.kgen.merge_attention_states_n(cuda(3, 7, 4, 64), cuda(3, 7, 4, dtype=torch.float32))
+        assert_like(out, (7, 4, 64), BF16), assert_like(lse, (7, 4), torch.float32)
+        out, lse = torch.ops.kgen.attention_varlen(cuda(300, 8, 128), cuda(500, 2, 128), cuda(500, 2, 128),
+                                                   cuda(3, dtype=torch.int32), cuda(3, dtype=torch.int32),
+                                                   cuda(*prefill.work.shape, dtype=torch.int32), None,
+                                                   list(prefill.recipe), None)
+        assert_like(out, (300, 8, 128), BF16), assert_like(lse, (8, 300), torch.float32)
+        out, lse = torch.ops.kgen.attention_decode(cuda(2, 3, 8, 128), cuda(2, 1000, 2, 128), cuda(2, 1000, 2, 128),
+                                                   cuda(2, dtype=torch.int32), None, cuda(8, dtype=torch.float32),
+                                                   list(decode_plan.recipe), 0.1)
+        assert_like(out, (2, 3, 8, 128), BF16), assert_like(lse, (2, 3, 8), torch.float32)
+        tables = [cuda(*t.shape, dtype=torch.int32) for t in
+                  (chunk_plan.chunks, chunk_plan.segments, chunk_plan.summary_segments, chunk_plan.chains)]
+        for final in (True, False):
+            o, state = torch.ops.kgen.chunk_gated_delta_rule(
+                cuda(1, 765, 2, 128), cuda(1, 765, 2, 128), cuda(1, 765, 4, 128), cuda(1, 765, 4, dtype=torch.float32),
+                cuda(1, 765, 4, dtype=torch.float32), None, cuda(3, dtype=torch.int32), tables, list(chunk_plan.recipe),
+                None, final, False, "kv")
+            assert_like(o, (1, 765, 4, 128), BF16)
+            assert_like(state, (2, 4, 128, 128) if final else (0,), torch.float32)
+        o = torch.ops.kgen.gated_delta_rule_step(cuda(5, 2, 128), cuda(5, 2, 128), cuda(5, 4, 128),
+                                                 cuda(5, 4, dtype=torch.float32), cuda(5, 4, dtype=torch.float32),
+                                                 cuda(9, 4, 128, 128, dtype=torch.float32),
+                                                 cuda(5, dtype=torch.int32), None, "vk", True)
+        assert_like(o, (5, 4, 128), BF16)
+
+
+def test_public_functions_call_the_ops_while_compiling():
+    # torch.compile traces the public functions with is_compiling() true: they must reach torch.ops.kgen
+    # (and not the eager path, which reads data pointers that fake tensors do not have).
+    with FakeTensorMode(allow_non_fake_inputs=True), mock.patch("torch.compiler.is_compiling", return_value=True), \
+            kgen.config.overrides(KGEN_ARCH="sm_90a"):  # the plan's kernel, without asking a GPU
+        plan = kgen.ops.plan_attention_varlen([0, 64, 200], [0, 64, 200], head_dim=64)
+        plan._placed[:] = [cuda(*plan.work.shape, dtype=torch.int32), False]  # as device="cuda" would place it
+        q, k = cuda(200, 4, 64), cuda(200, 2, 64)
+        cu = cuda(3, dtype=torch.int32)
+        out, lse = kgen.ops.attention_varlen(q, k, k, cu, cu, plan=plan, return_lse=True)
+        assert_like(out, (200, 4, 64), BF16)
+        assert_like(lse, (4, 200), torch.float32)
+        with pytest.raises(ValueError, match="pass a plan"):
+            kgen.ops.attention_varlen(q, k, k, cu, cu)
+        with pytest.raises(ValueError, match="window"):
+            kgen.ops.attention_varlen(q, k, k, cu, cu, causal=True, plan=plan)
+        dplan = kgen.ops.plan_attention_decode([300, 40], num_heads_q=4, num_heads_kv=2, head_dim=64)
+        out = kgen.ops.attention_decode(cuda(2, 4, 64), cuda(2, 300, 2, 64), cuda(2, 300, 2, 64),
+                                        cuda(2, dtype=torch.int32), plan=dplan)
+        assert_like(out, (2, 4, 64), BF16)
+        o, final = kgen.ops.chunk_gated_delta_rule(cuda(2, 64, 1, 128), cuda(2, 64, 1, 128), cuda(2, 64, 2, 128),
+                                                   cuda(2, 64, 2, dtype=torch.float32), cuda(2, 64, 2),
+                                                   output_final_state=False)
+        assert_like(o, (2, 64, 2, 128), BF16)
+        assert final is None
+        merged, _ = kgen.ops.merge_attention_states_n(cuda(2, 5, 3, 64), cuda(2, 5, 3, dtype=torch.float32))
+        assert_like(merged, (5, 3, 64), BF16)
+
+
+def test_plans_rebuilt_from_their_recipes_are_the_same():
+    prefill = kgen.ops.plan_attention_varlen([0, 1, 300, 301], [0, 5, 900, 901], head_dim=128, causal=True,
+                                             window=(50, -1), tail="cp_async")
+    work = prefill.work.clone()
+    again = attention.plan_from_recipe(prefill.recipe, work)
+    assert again.variant == prefill.variant and again.window == prefill.window and again.work is work
+    assert np.array_equal(again.schedule.work, prefill.schedule.work)
+    chunk_plan = kgen.ops.plan_chunk_gated_delta_rule([0, 32768, 32800], num_heads_v=8)
+    assert len(chunk_plan.segments) > 2  # split: the recipe must carry the planner's choice
+    tables = [torch.from_numpy(np.ascontiguousarray(t)) for t in
+              (chunk_plan.chunks, chunk_plan.segments, chunk_plan.summary_segments, chunk_plan.chains)]
+    again = gdn_chunk.plan_from_recipe(chunk_plan.recipe, tables)
+    for name in ("chunks", "segments", "summary_segments", "chains"):
+        assert np.array_equal(getattr(again, name), getattr(chunk_plan, name)), name
+    assert again.tables(torch.device("cpu"))[1] is tables[1]
+    for kw in (dict(page_size=16), dict(page_size=5), dict(max_seqlen_k=9000, window_left=100), dict(q_len=4)):
+        plan = kgen.ops.plan_attention_decode([3000, 17], num_heads_q=8, num_heads_kv=2, head_dim=128, **kw)
+        with mock.patch.object(decode.DecodePlan, "workspace_on", return_value=[]):
+            again = decode.plan_from_recipe(plan.recipe, torch.device("cpu"))
+        assert (again.variant, again.splits, again.grid, again.max_seqlen_k) == \
+            (plan.variant, plan.splits, plan.grid, plan.max_seqlen_k), kw
+
+
+@pytest.mark.parametrize("call", ["merge", "merge_n", "varlen", "decode", "chunk", "step"])
+def test_tensors_that_require_grad_are_refused(call):
+    x = torch.zeros(2, 2, 2, 2, requires_grad=True)
+    calls = {
+        "merge": lambda: kgen.ops.merge_attention_states(x[0], x[0, 0], x[0], x[0, 0]),
+        "merge_n": lambda: kgen.ops.merge_attention_states_n(x, x[0]),
+        "varlen": lambda: kgen.ops.attention_varlen(x[0], x[0], x[0], None, None),
+        "decode": lambda: kgen.ops.attention_decode(x[0], x, x, None),
+        "chunk": lambda: kgen.ops.chunk_gated_delta_rule(x, x, x, x[0], x[0]),
+        "step": lambda: kgen.ops.gated_delta_rule_step(x[0], x[0], x[0], x[0, 0], x[0, 0], x),
+    }
+    with pytest.raises(RuntimeError, match="no backward"):
+        calls[call]()
+    with torch.no_grad(), pytest.raises((TypeError, ValueError)):  # past the grad check: CPU tensors are refused
+        calls[call]()
