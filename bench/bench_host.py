@@ -7,7 +7,8 @@ wall time would be throttled by a full launch queue, and is flagged).
 Bars (observations, never gates), each against tensors like the op's:
   - op / (``torch.exp(l); torch.add(x, y)``: two allocating torch ops, two launches) <= 1.0;
   - op(out=, lse_out=) / ``torch.add(x, y)`` (one allocating torch op) <= 1.0.
-Breakdown (no bars): kgen's launcher replayed with the op's recorded launch,
+Breakdown (no bars): the same call through ``torch.ops.kgen`` (the custom op torch.compile keeps in
+its graphs; eager calls skip its dispatcher), kgen's launcher replayed with the op's recorded launch,
 ``cuda.core.launch`` with its stream and config prebuilt, ``cuLaunchKernel`` with a
 prepacked argument array (for kernels whose arguments are all integers), the
 op's result allocations alone, the stream lookup ``kgen.launch.current_stream``.
@@ -62,6 +63,7 @@ class OpCase:
     like_x: torch.Tensor  # shaped like the op's main input (v or q): x and y of torch.add
     like_l: torch.Tensor  # shaped like its lse: l of torch.exp
     allocations: Callable[[], Any]  # the result allocations the op makes, alone
+    library_call: Callable[[], Any]  # the same call through torch.ops.kgen, the path torch.compile takes
 
 
 def exp_and_add(l: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -92,10 +94,11 @@ def merge_case(partials: int) -> OpCase:
     if partials == 2:
         return OpCase("merge_attention_states", functools.partial(merge_attention_states, v[0], lse[0], v[1], lse[1]),
                       functools.partial(merge_attention_states, v[0], lse[0], v[1], lse[1], out=out, lse_out=lse_out),
-                      v[0], lse[0], allocations)
+                      v[0], lse[0], allocations,
+                      functools.partial(torch.ops.kgen.merge_attention_states, v[0], lse[0], v[1], lse[1]))
     return OpCase(f"merge_attention_states_n (S={partials})", functools.partial(merge_attention_states_n, v, lse),
                   functools.partial(merge_attention_states_n, v, lse, out=out, lse_out=lse_out), v[0], lse[0],
-                  allocations)
+                  allocations, functools.partial(torch.ops.kgen.merge_attention_states_n, v, lse))
 
 
 def attention_case() -> OpCase:
@@ -103,14 +106,16 @@ def attention_case() -> OpCase:
     from kgen.ops import attention_varlen, plan_attention_varlen
 
     cu_host = [i * ATTENTION_LEN for i in range(ATTENTION_SEQS + 1)]
-    plan = plan_attention_varlen(cu_host, cu_host, head_dim=HEAD_DIM, dtype=torch.bfloat16, causal=True)
+    plan = plan_attention_varlen(cu_host, cu_host, head_dim=HEAD_DIM, dtype=torch.bfloat16, causal=True, device="cuda")
     cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
     q, k, v = (torch.randn(cu_host[-1], HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out, lse_out = torch.empty_like(q), torch.empty(HEADS, cu_host[-1], device="cuda")
     allocations = functools.partial(empty_results_like, q, lse_out)
     call = functools.partial(attention_varlen, q, k, v, cu, cu, causal=True, plan=plan, return_lse=True)
+    library_call = functools.partial(torch.ops.kgen.attention_varlen, q, k, v, cu, cu, plan.work, None, list(plan.recipe),
+                                     None)
     return OpCase("attention_varlen (plan, 4 x 64 tokens)", call,
-                  functools.partial(call, out=out, lse_out=lse_out), q, lse_out, allocations)
+                  functools.partial(call, out=out, lse_out=lse_out), q, lse_out, allocations, library_call)
 
 
 @dataclass
@@ -236,6 +241,7 @@ def candidates_for(case: OpCase) -> list[Candidate]:
         Candidate(case.name, PAIR, functools.partial(exp_and_add, case.like_l, case.like_x, y), capturable=True),
         Candidate(case.name, ONE, functools.partial(torch.add, case.like_x, y), capturable=True),
         Candidate(case.name, "result allocations alone", case.allocations, capturable=True),
+        Candidate(case.name, "torch.ops.kgen (torch.compile's path)", case.library_call, capturable=True),
         Candidate(case.name, "stream lookup kgen.launch.current_stream",
                   functools.partial(current_stream, case.like_x.device.index)),
     ]
