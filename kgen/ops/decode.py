@@ -88,10 +88,13 @@ class DecodePlan:
 
 
 def _variant(head_dim: int, dtype: torch.dtype, paged: bool, kv_load: str | None, tail: str | None,
-             has_incomplete_tile: bool) -> Variant:
+             has_incomplete_tile: bool, split: bool = False) -> Variant:
+    """The spec's first variant for the call; for a split grid (one block per SM), its first of one block per SM."""
     wanted = {"kv_load": kv_load} if kv_load is not None else {}
     if tail is not None:
         wanted["tail"] = tail
+    if split:
+        wanted["min_blocks_per_sm"] = 1
     family = registry.current().family(FAMILY)
     with_tail = family.select(head_dim=head_dim, dtype=DTYPE_NAMES[dtype], kv_layout="paged" if paged else "contiguous",
                               has_incomplete_tile=True, **wanted)
@@ -160,7 +163,6 @@ def plan_attention_decode(seqlens_k, *, num_heads_q: int, num_heads_kv: int, hea
     if block_table is not None:
         _check_block_table_host(block_table, lengths, page_size, num_pages)
     partial_slices = bounded or bool(np.any(lengths % slice_keys))
-    variant = first if partial_slices else without_tail(FAMILY, first)
     row_groups = -(-(q_len * num_heads_q // num_heads_kv) // DECODE_ROWS_PER_BLOCK)
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
@@ -169,10 +171,14 @@ def plan_attention_decode(seqlens_k, *, num_heads_q: int, num_heads_kv: int, hea
                                   warps=warps).max(initial=1)),
                 max_request_tiles(max_seqlen_k, q_len=q_len, window_left=window_left, slice_keys=slice_keys, warps=warps))
     # One block per SM, though two fit: on the H200 (bench/NOTES.md) B1 L32k took 42.9 us in 16 splits
-    # against 50.1 in 32, B1 L128k 131 against 141, B8 L8k 69 in 2 against 72 in 4.
+    # against 50.1 in 32, B1 L128k 131 against 141, B8 L8k 69 in 2 against 72 in 4. The split grid then
+    # takes the spec's variant of one block per SM, whose shared memory holds more stages.
     splits = plan_splits(len(lengths) * num_heads_kv * row_groups, tiles, num_sms=num_sms, blocks_per_sm=1)
     if splits.max_splits * row_groups > 2**31 - 1:
         raise ValueError("plan: the grid's x dimension overflows")
+    if not splits.single_pass:  # the same slices and warps, more stages
+        first = _variant(head_dim, dtype, paged, first.param_dict["kv_load"], first.param_dict["tail"], True, split=True)
+    variant = first if partial_slices else without_tail(FAMILY, first)
     chosen = variant.param_dict
     recipe = (num_heads_q, num_heads_kv, head_dim, q_len, recipes.code(recipes.DTYPES, dtype),
               recipes.NONE if page_size is None else page_size, window_left, max_seqlen_k if bounded else recipes.NONE,
