@@ -41,6 +41,15 @@ def check_dense_rows(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected a 16-byte aligned data pointer (a view with an odd offset?)")
 
 
+def check_rows(name: str, t: torch.Tensor) -> None:
+    """Rows of 16-bit elements that kernels move in 16-byte chunks (cp.async, TMA): the last dimension
+    contiguous, every row's start 16-byte aligned."""
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: the last dimension must be contiguous, got strides {t.stride()}")
+    if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
+        raise ValueError(f"{name}: rows must start at 16-byte aligned addresses (strides {t.stride()})")
+
+
 def check_int(name: str, value, *, minimum: int, maximum: int = INT32_LIMIT, what: str = "") -> int:
     # bool is an int subclass, but True as a length or a window is a caller's mistake.
     if isinstance(value, bool) or not isinstance(value, int):

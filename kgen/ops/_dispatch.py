@@ -60,6 +60,13 @@ def launcher(variant: Variant, entry: str, device_index: int) -> KernelLauncher:
                               f"{variant.name}.{entry}")
 
 
+def cached_launcher(variant: Variant, entry: str, device_index: int) -> KernelLauncher:
+    """:func:`launcher`, made once per device, variant and entry (until the spec path changes)."""
+    key = (device_index, variant.name, entry)
+    found = _launchers.get(key)
+    return found if found is not None else _launchers.put(key, launcher(variant, entry, device_index))
+
+
 class DispatchCache:
     """Per-op memo of whatever an op derives from a variant, dropped when the spec path changes."""
 
@@ -79,3 +86,4 @@ class DispatchCache:
 
 
 _spec_dtypes = DispatchCache()
+_launchers = DispatchCache()

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from kgen import arch, config, registry, tma
-from kgen.launch import KernelLauncher, current_device
+from kgen.launch import current_device
 from kgen.ops import library, recipes
-from kgen.ops._checks import check_tensor, refuse_grad
-from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes, without_tail
+from kgen.ops._checks import check_rows, check_tensor, refuse_grad
+from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, cached_launcher, layout, spec_dtypes, without_tail
 from kgen.registry import UnsupportedVariantError, Variant
 from kgen.ops.attention_plan import TileSchedule, choose_schedule, plan_tiles, seqlens_from_cu, validate_window
 
@@ -187,23 +187,6 @@ def plan_from_recipe(recipe: tuple, work: torch.Tensor) -> AttentionPlan:
 _from_recipe = DispatchCache()
 
 
-_launchers = DispatchCache()
-
-
-def _launcher(device_index: int, variant: Variant) -> KernelLauncher:
-    key = (device_index, variant.name)
-    found = _launchers.get(key)
-    return found if found is not None else _launchers.put(key, launcher(variant, "attention_prefill", device_index))
-
-
-def _check_rows(name: str, t: torch.Tensor) -> None:
-    """cp.async moves 16-byte chunks: the head dim must be contiguous and every row 16-byte aligned."""
-    if t.stride(2) != 1:
-        raise ValueError(f"{name}: the last dimension must be contiguous, got strides {t.stride()}")
-    if t.data_ptr() % 16 or t.stride(0) % 8 or t.stride(1) % 8:
-        raise ValueError(f"{name}: rows must start at 16-byte aligned addresses (strides {t.stride()})")
-
-
 def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, num_seqs: int | None) -> None:
     check_tensor(name, cu, ndim=1, dtypes=(torch.int32,), device=device)
     if num_seqs is not None and cu.shape[0] != num_seqs + 1:
@@ -345,7 +328,7 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
     if heads_q > _MAX_GRID_Y:
         raise ValueError(f"q: {heads_q} query heads exceed the kernel's grid limit of {_MAX_GRID_Y}")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_rows(name, t)
+        check_rows(name, t)
     if sink is not None:
         check_tensor("sink", sink, ndim=1, dtypes=(torch.float32,), device=q.device)
         if sink.shape[0] != heads_q or not sink.is_contiguous():
@@ -395,8 +378,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
     # With no keys at all no key tile is ever loaded; the parameter still needs a descriptor.
     maps = tma.TensorMaps({role: box_rows[role] for role, _ in map_roles}, sizes["box_span_bytes"],
                           alias_of={"k": "q", "v": "q"} if not total_k else {})
-    return _PreparedCall(q.device.index, _launcher(q.device.index, plan.variant), (num_work, heads_q), maps, map_roles,
-                         work, tail_args, out_shape, lse_shape)
+    return _PreparedCall(q.device.index, cached_launcher(plan.variant, "attention_prefill", q.device.index),
+                         (num_work, heads_q), maps, map_roles, work, tail_args, out_shape, lse_shape)
 
 
 def kernel_window(window: tuple[int, int], max_seqlen_q: int, max_seqlen_k: int) -> tuple[int, int]:

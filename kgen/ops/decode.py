@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from kgen import registry, tma
-from kgen.launch import KernelLauncher
 from kgen.layout import DECODE_ROWS_PER_BLOCK
 from kgen.ops import library, recipes
-from kgen.ops._checks import INT32_LIMIT, check_int, check_seqlens, check_shape, check_tensor, cuda_device, refuse_grad
-from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes, without_tail
+from kgen.ops._checks import (INT32_LIMIT, check_int, check_rows, check_seqlens, check_shape, check_tensor, cuda_device,
+                              refuse_grad)
+from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, cached_launcher, layout, spec_dtypes, without_tail
 from kgen.ops.attention import softmax_scale_log2
 from kgen.ops.decode_plan import SplitPlan, max_request_tiles, plan_splits, request_tiles
 from kgen.registry import Variant
@@ -224,23 +224,6 @@ def _check_block_table_host(block_table, lengths: np.ndarray, page_size: int | N
             raise ValueError(f"block_table: request {b} names a page outside [0, {num_pages}): {used.tolist()}")
 
 
-_launchers = DispatchCache()
-
-
-def _launcher(device_index: int, variant: Variant) -> KernelLauncher:
-    key = (device_index, variant.name)
-    found = _launchers.get(key)
-    return found if found is not None else _launchers.put(key, launcher(variant, "attention_decode", device_index))
-
-
-def _check_rows(name: str, t: torch.Tensor) -> None:
-    """16-byte rows: the head dim contiguous, every row's start 16-byte aligned."""
-    if t.stride(-1) != 1:
-        raise ValueError(f"{name}: the last dimension must be contiguous, got strides {t.stride()}")
-    if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
-        raise ValueError(f"{name}: rows must start at 16-byte aligned addresses (strides {t.stride()})")
-
-
 def _flat_rows(name: str, t: torch.Tensor) -> torch.Tensor:
     """``t`` [pages, rows, Hkv, D] as the 3-D [pages * rows, Hkv, D] a tensor map describes; needs adjacent pages."""
     if t.shape[0] > 1 and t.stride(0) != t.shape[1] * t.stride(1):
@@ -294,7 +277,7 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     paged = block_table is not None
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t, ndim=4, dtypes=(q.dtype,), device=device)
-        _check_rows(name, t)
+        check_rows(name, t)
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache: expected k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     heads_kv = k_cache.shape[2]
@@ -305,7 +288,7 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if not paged and k_cache.shape[0] != batch:
         raise ValueError(f"k_cache: a contiguous cache has one row per request: expected {batch}, got {k_cache.shape[0]} "
                          f"(for a paged cache pass block_table)")
-    _check_rows("q", q4)
+    check_rows("q", q4)
     check_tensor("seqlens_k", seqlens_k, ndim=1, dtypes=(torch.int32,), device=device)
     check_shape("seqlens_k", seqlens_k, (batch,), "[B]")
     if not seqlens_k.is_contiguous():
@@ -370,7 +353,7 @@ def _launch(plan: DecodePlan, q, k_cache, v_cache, seqlens_k, block_table, sink,
         maps = (found.get("k", _flat_rows("k_cache", k_cache)), found.get("v", _flat_rows("v_cache", v_cache)))
     partial_o, partial_lse, counters = workspace if workspace else (None, None, None)
     rows_per_request = k_cache.shape[1]
-    _launcher(device.index, variant)(
+    cached_launcher(variant, "attention_decode", device.index)(
         plan.grid, *maps, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
         0 if lse is None else lse.data_ptr(), seqlens_k.data_ptr(), 0 if block_table is None else block_table.data_ptr(),
         0 if sink is None else sink.data_ptr(), 0 if partial_o is None else partial_o.data_ptr(),
