@@ -42,6 +42,7 @@ for tool in memcheck racecheck; do
     cp "$work/sanitizer_$tool.log" "$dest/"
 done
 python3 bench/run_all.py --out "$work/bench" --benchmarks "${KGEN_BENCHMARKS:-}" || status=1
+python3 bench/plots.py "$work/bench" || true  # the figures of whichever results this run has
 
 cp "$work/bench/SUMMARY.md" "$work/bench/summary.json" "$dest/" 2>/dev/null
 tar czf "$dest/bench_details.tgz" -C "$work" bench
