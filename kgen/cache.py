@@ -18,6 +18,9 @@
   the key's hash, and re-check the cache once they hold it, so N processes
   compile a variant once. The set is fixed, and lock files are never deleted:
   deleting one that another process waits on would let two processes hold it.
+
+Which folders are searched (layers, installed caches): kgen.cache_layers; archives and wheels of
+entries for a fleet: kgen.cache_archive.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 import struct
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import filelock
 from cuda.core.utils import make_program_cache_key
@@ -43,7 +48,9 @@ from kgen.compiler import PROGRAM_NAME, RECORD_FORMAT, BuildRecord, header_diges
 _MAGIC = b"KGENCUBIN4"
 _HEADER_LEN = struct.Struct("<I")
 _DIGEST_LEN = 32  # SHA-256
-_SUFFIX = ".cubin.kgen"
+ENTRY_SUFFIX = ".cubin.kgen"
+_SOURCE_SUFFIX = ".cu"
+_KEY = re.compile(r"[0-9a-f]{64}")
 _TEMPORARY = ".*.tmp"
 #: Lock files in the ``locks/`` folder; two keys share one with probability 1/LOCK_STRIPES,
 #: and then only wait for each other.
@@ -121,43 +128,57 @@ def decode_entry(blob: bytes) -> CacheEntry:
 
 
 class DiskCache:
-    """Cubins under one folder, one file per key."""
+    """Cubins under one folder, one file per key (and, with ``KGEN_SAVE_SOURCE``, its source beside it)."""
 
     def __init__(self, root: Path):
         self.root = root
 
     def _path(self, key: str) -> Path:
-        return self.root / f"{key}{_SUFFIX}"
+        return self.root / f"{key}{ENTRY_SUFFIX}"
+
+    def source_path(self, key: str) -> Path:
+        return self.root / f"{key}{_SOURCE_SUFFIX}"
 
     def get(self, key: str) -> CacheEntry | None:
-        path = self._path(key)
+        """The entry of ``key``; None if there is none, or if it is corrupt (reported once)."""
         try:
-            blob = path.read_bytes()
+            return self.read(key)[0]
         except OSError:
             return None
-        try:
-            entry = decode_entry(blob)
-            if entry.key != key:
-                raise ValueError(f"it holds the entry of key {entry.key}")
-        except (ValueError, KeyError, TypeError, struct.error) as exc:
+        except ValueError as exc:
+            path = self._path(key)
             warn_once("corrupt", str(path), f"kgen: cache entry {path} is corrupt ({exc}); rebuilding it")
             return None
-        return entry
 
-    def put(self, entry: CacheEntry) -> None:
-        """Publish ``entry`` under its key; the caller holds :meth:`lock` of that key."""
-        blob = encode_entry(entry)
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{entry.key}.{secrets.token_hex(8)}.tmp"
-        # 0o666 less the umask, as for any file the user writes (mkstemp would make it 0o600).
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    def read(self, key: str) -> tuple[CacheEntry, bytes]:
+        """The entry of ``key`` and its file's bytes.
+
+        Raises ``OSError`` if the file cannot be read, ``ValueError`` if it is not a valid entry of that key.
+        """
+        blob = self._path(key).read_bytes()
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, self._path(entry.key))
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+            entry = decode_entry(blob)
+        except (KeyError, TypeError, struct.error) as exc:  # a header of the wrong shape
+            raise ValueError(exc) from None
+        if entry.key != key:
+            raise ValueError(f"it holds the entry of key {entry.key}")
+        return entry, blob
+
+    def put(self, entry: CacheEntry, source: str | None = None) -> None:
+        """Publish ``entry`` under its key, and ``source`` beside it if given.
+
+        The caller holds :meth:`lock` of that key.
+        """
+        self._publish(self._path(entry.key), encode_entry(entry))
+        if source is not None:
+            self._publish(self.source_path(entry.key), source.encode())
+
+    def _publish(self, path: Path, data: bytes) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with replacing(path) as tmp:
+            # 0o666 less the umask, as for any file the user writes (mkstemp would make it 0o600).
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
+                f.write(data)
 
     def lock(self, key: str) -> filelock.FileLock:
         """The build lock of ``key``; acquiring it creates the folder (and raises ``OSError`` if it cannot)."""
@@ -169,10 +190,10 @@ class DiskCache:
         return filelock.FileLock(locks / f"{index:03d}.lock")
 
     def entries(self) -> list[Path]:
-        return sorted(self.root.glob(f"*{_SUFFIX}")) if self.root.is_dir() else []
+        return sorted(self.root.glob(f"*{ENTRY_SUFFIX}")) if self.root.is_dir() else []
 
     def clear(self) -> int:
-        """Remove every entry and every orphan temporary file; return how many entries there were.
+        """Remove every entry, saved source and orphan temporary file; return how many entries there were.
 
         Every lock is held meanwhile, so no builder is between compiling and
         publishing: a temporary file found then was left by a writer that died.
@@ -185,10 +206,26 @@ class DiskCache:
                 for index in range(LOCK_STRIPES):
                     held.enter_context(self._stripe(index))
                 entries = self.entries()
-                for path in [*entries, *self.root.glob(_TEMPORARY)]:
+                sources = [p for p in self.root.glob(f"*{_SOURCE_SUFFIX}") if _KEY.fullmatch(p.stem)]
+                for path in [*entries, *sources, *self.root.glob(_TEMPORARY)]:
                     path.unlink(missing_ok=True)
         except OSError as exc:
-            hint = "; the cache is read-only to this user" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else ""
             raise CacheError(f"cannot clear the cache {self.root}: {exc.filename or self.root}: "
-                             f"{exc.strerror or exc}{hint}") from None
+                             f"{exc.strerror or exc}{read_only_hint(exc)}") from None
         return len(entries)
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` to write: renamed over ``path`` if the block succeeds, removed if not."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_only_hint(exc: OSError) -> str:
+    return "; the cache is read-only to this user" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else ""

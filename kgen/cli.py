@@ -9,12 +9,14 @@ in a log. Bad input (a spec, an arch, a family, a setting) exits 2 with one
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import re
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import Callable, Iterator
 
 import click
@@ -28,8 +30,11 @@ from kgen import __version__, config, jit, layout, registry as registry_module
 from kgen.arch import Arch, ArchError
 from kgen.arch import parse as parse_arch
 from kgen.cache import DiskCache
+from kgen.cache_archive import (ARCHIVE_SUFFIXES, ArchiveError, collect_entries, import_entries, read_archive,
+                                write_archive, write_wheel)
+from kgen.cache_layers import cache_layers
 from kgen.compiler import CompileError
-from kgen.registry import Registry, Variant
+from kgen.registry import Variant
 from kgen.render import RenderError, render
 from kgen.spec import SpecError
 
@@ -79,11 +84,12 @@ def _parse_assignments(pairs: tuple[str, ...]) -> dict:
     return out
 
 
-def _target(arch_name: str | None) -> Arch:
-    if arch_name:
-        return parse_arch(arch_name, "--arch")
+def _targets(arch_names: tuple[str, ...]) -> list[Arch]:
+    """The archs ``--arch`` names, each once in the order given; without any, KGEN_ARCH's or the current GPU's."""
+    if arch_names:
+        return list(dict.fromkeys(parse_arch(name, "--arch") for name in arch_names))
     try:
-        return parse_arch(jit.device_arch(), "the current GPU's arch")
+        return [parse_arch(jit.device_arch(), "the current GPU's arch")]
     except ArchError:  # KGEN_ARCH or the GPU's arch is not one NVRTC builds for: say so, not "no GPU"
         raise
     except Exception as exc:  # no driver or no GPU on this machine
@@ -124,36 +130,47 @@ def render_cmd(family: str, params: tuple[str, ...]) -> None:
 
 
 @cli.command("build")
-@click.option("--arch", "arch_name", default=None,
-              help="Target arch (sm_90a, sm_100f, ...); default KGEN_ARCH or the current GPU's.")
+@click.option("--arch", "arch_names", multiple=True,
+              help="Target arch (sm_90a, sm_100f, ...); repeatable. Default KGEN_ARCH or the current GPU's.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default=True,
               help="Parallel compiles.")
 @click.option("--family", "families", multiple=True, help="Only these families; repeatable.")
-def build_cmd(arch_name: str | None, jobs: int, families: tuple[str, ...]) -> None:
-    """Compile every variant on the spec path and print a resource table per family.
+def build_cmd(arch_names: tuple[str, ...], jobs: int, families: tuple[str, ...]) -> None:
+    """Compile every variant on the spec path for each arch and print a resource table per family and arch.
 
-    Skips the variants whose spec needs a newer arch (min_sm). Exits non-zero if
-    there is nothing to build, or if any variant fails to compile, spills
-    registers (unless its spec sets allow_spills) or needs more shared memory
-    than a block may have on the arch.
+    Skips, per arch, the variants whose spec rules that arch out (min_sm,
+    sm_only). Exits non-zero if no arch has anything to build, or if any
+    variant fails to compile, spills registers (unless its spec sets
+    allow_spills) or needs more shared memory than a block may have on its arch.
     """
-    target = _target(arch_name)
-    variants = _variants_to_build(registry_module.current(), families, target)
-    results, failures = _build_all(variants, target.name, jobs)
-    console.print(f"kgen build for {target.name} ({len(variants)} variants)", highlight=False)
-    problems = _report(variants, results, failures, target)
-    for line in problems:
-        echo_error(line)
-    if problems:
-        sys.exit(1)
-
-
-def _variants_to_build(reg: Registry, families: tuple[str, ...], target: Arch) -> list[Variant]:
-    """The chosen families' variants that can run on ``target``; one line per family about those that cannot."""
+    config.check_settings()
+    targets = _targets(arch_names)
+    reg = registry_module.current()
     for name in families:
         reg.family(name)  # an unknown name is an error listing the known families
     chosen = [v for v in reg.variants() if not families or v.family.name in families]
-    variants = [v for v in chosen if v.supports_sm(target.sm)]
+    plan = {target: _variants_to_build(chosen, target) for target in targets}
+    if not any(plan.values()):
+        where = f"families {list(families)}" if families else f"the spec path {[str(d) for d in reg.spec_dirs]}"
+        these = "this arch" if len(targets) == 1 else "these archs"
+        raise CommandError(f"nothing to build for {' or '.join(t.name for t in targets)}: {where} "
+                           f"{f'has no variant for {these}' if chosen else 'declares no variant'}")
+    failed = False
+    for target, variants in plan.items():
+        if not variants:
+            continue  # its skip lines said why
+        results, failures = _build_all(variants, target.name, jobs)
+        console.print(f"kgen build for {target.name} ({len(variants)} variants)", highlight=False)
+        problems = _report(variants, results, failures, target)
+        for line in problems:
+            echo_error(line)
+        failed = failed or bool(problems)
+    if failed:
+        sys.exit(1)
+
+
+def _variants_to_build(chosen: list[Variant], target: Arch) -> list[Variant]:
+    """The variants of ``chosen`` that can run on ``target``; one line per family about those that cannot."""
     skipped: dict[tuple[str, str], list[Variant]] = {}
     for variant in chosen:
         reason = variant.arch_refusal(target.sm)
@@ -162,11 +179,7 @@ def _variants_to_build(reg: Registry, families: tuple[str, ...], target: Arch) -
     for (name, reason), members in skipped.items():
         echo_error(f"skip: {name}: {len(members)} of {len(members[0].family.variants)} variants {reason}; "
                    f"not built for {target.name}")
-    if not variants:
-        where = f"families {list(families)}" if families else f"the spec path {[str(d) for d in reg.spec_dirs]}"
-        raise CommandError(f"nothing to build for {target.name}: {where} "
-                           f"{'declares no variant' if not chosen else 'has no variant for this arch'}")
-    return variants
+    return [v for v in chosen if v.supports_sm(target.sm)]
 
 
 def _build_all(variants: list[Variant], arch: str, jobs: int) -> tuple[dict, dict[str, str]]:
@@ -225,7 +238,7 @@ def _report(variants: list[Variant], results: dict, failures: dict[str, str], ta
         by_family.setdefault(variant.family.name, []).append(variant)
     for family_name, members in by_family.items():
         # No vertical rules: at 80 columns the label needs the room (a row of attention's is about 100 characters).
-        table = Table(title=f"{escape(family_name)} ({len(members)} variants)", title_justify="left",
+        table = Table(title=f"{escape(family_name)} ({len(members)} variants) for {target.name}", title_justify="left",
                       box=box.SIMPLE_HEAD, show_lines=True, pad_edge=False, collapse_padding=True)
         table.add_column("variant")
         for column in ("regs", "spills", "smem", "dyn smem", "ms", "cache"):
@@ -262,23 +275,85 @@ def _report(variants: list[Variant], results: dict, failures: dict[str, str], ta
 
 @cli.group("cache")
 def cache_group() -> None:
-    """Inspect or clear the on-disk cubin cache."""
+    """Inspect, clear, export or import the on-disk cubin cache."""
 
 
 @cache_group.command("info")
 def cache_info() -> None:
-    """Where the cache is, and what it holds."""
-    cache = DiskCache(config.cache_dir())
-    entries = cache.entries()
-    size = sum(p.stat().st_size for p in entries)
-    click.echo(f"cache dir: {cache.root}\nentries: {len(entries)}\nbytes: {size}")
+    """Each layer of the cache, in the order it is searched, and what it holds."""
+    layers = cache_layers()
+    if layers.writable is None:
+        click.echo("writable: none (no folder on the cache path is writable: new builds compile in memory)")
+    for layer in layers.layers:
+        entries = layer.cache.entries()
+        size = sum(p.stat().st_size for p in entries)
+        origin = f" from {layer.origin}" if layer.origin else ""
+        click.echo(f"{layer.role}: {layer.cache.root} ({len(entries)} entries, {size} bytes){origin}")
 
 
 @cache_group.command("clear")
 def cache_clear() -> None:
-    """Delete every cached cubin (and temporary files a killed build left)."""
-    cache = DiskCache(config.cache_dir())
+    """Delete every cubin of the writable layer (and temporary files a killed build left); other layers stay."""
+    cache = _writable_layer("clear")
     click.echo(f"removed {cache.clear()} entries from {cache.root}")
+
+
+@cache_group.command("export")
+@click.argument("path", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--wheel", "wheel_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write a pip-installable wheel into this folder instead of an archive.")
+@click.option("--arch", "arch_names", multiple=True, help="Only entries for this arch; repeatable.")
+def cache_export(path: Path | None, wheel_dir: Path | None, arch_names: tuple[str, ...]) -> None:
+    """Pack every entry of every layer into PATH (.tar, .tar.gz or .tgz), or into a wheel with --wheel DIR.
+
+    Both carry a manifest (kgen's and NVRTC's versions, and per entry its key,
+    variant, arch and SHA-256) that ``kgen cache import`` and an installed
+    wheel are checked against.
+    """
+    if (path is None) == (wheel_dir is None):
+        raise click.UsageError("give PATH (an archive) or --wheel DIR (a wheel), one of the two")
+    if path is not None and not path.name.endswith(ARCHIVE_SUFFIXES):
+        raise click.BadParameter(f"{path.name!r} does not end in {', '.join(ARCHIVE_SUFFIXES)}", param_hint="PATH")
+    archs = {parse_arch(name, "--arch").name for name in arch_names}
+    packed, invalid = collect_entries([layer.cache for layer in cache_layers().layers], archs)
+    if invalid:
+        echo_error(f"skip: {invalid} files that are not valid entries of this kgen (corrupt, or of another "
+                   f"entry format): not exported")
+    if not packed:
+        raise CommandError(f"nothing to export: the cache holds no entries{f' for {sorted(archs)}' if archs else ''}")
+    if wheel_dir is not None:
+        written = write_wheel(wheel_dir, packed)
+    else:
+        write_archive(path, packed)
+        written = path
+    counts = collections.Counter(p.entry.record.arch for p in packed)
+    click.echo(f"exported {len(packed)} entries ({', '.join(f'{a}: {n}' for a, n in sorted(counts.items()))}) "
+               f"to {written}")
+
+
+@cache_group.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def cache_import(path: Path) -> None:
+    """Add the entries of an archive made by ``kgen cache export`` to the writable layer.
+
+    Every member, digest and entry is checked first: if any is off, or the
+    archive was made by another kgen or NVRTC, nothing is added.
+    """
+    try:
+        packed = read_archive(path)
+    except ArchiveError as exc:
+        raise CommandError(f"cannot import {path}: {exc}; nothing was imported") from None
+    cache = _writable_layer("import into")
+    added = import_entries(packed, cache)
+    click.echo(f"imported {added} entries into {cache.root} ({len(packed) - added} were there already)")
+
+
+def _writable_layer(action: str) -> DiskCache:
+    writable = cache_layers().writable
+    if writable is None:
+        raise CommandError(f"no folder on the cache path {os.pathsep.join(map(str, config.cache_dirs()))} is "
+                           f"writable: there is no cache to {action}")
+    return writable
 
 
 #: What kgen raises for bad input or an unusable environment: reported in one message, never as a traceback.

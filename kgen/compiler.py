@@ -24,6 +24,8 @@ import cuda.pathfinder
 from cuda.bindings import nvrtc
 from cuda.core import Program, ProgramOptions
 
+from kgen import config
+
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 _PROPS = re.compile(r"Function properties for (\w+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -216,6 +218,10 @@ def _wheel_version_of(library: Path) -> str | None:
 
 
 def program_options(arch: str, name: str) -> ProgramOptions:
+    """The NVRTC options of every compile.
+
+    The cache key is made from them, so a knob that changes the cubin (``KGEN_LINEINFO``) belongs here.
+    """
     return ProgramOptions(
         name=name,
         arch=arch,
@@ -223,6 +229,7 @@ def program_options(arch: str, name: str) -> ProgramOptions:
         include_path=list(include_dirs()),
         ptxas_options=["-v"],
         use_fast_math=False,
+        lineinfo=config.lineinfo(),
     )
 
 

@@ -36,18 +36,30 @@ _overrides: dict[str, str | None] = {}
 
 
 def _get(name: str) -> str | None:
-    if name in _overrides:
-        return _overrides[name]
-    value = os.environ.get(name)
+    """The value of ``name``; an empty one is no value, as in a shell's ``NAME= command``."""
+    value = _overrides[name] if name in _overrides else os.environ.get(name)
     return value if value else None
 
 
-def cache_dir() -> Path:
-    """``KGEN_CACHE_DIR``, else the checkout's ``cache/``, else (installed) the user cache dir."""
+def cache_dirs() -> list[Path]:
+    """``KGEN_CACHE_DIR``: the cache path, ``os.pathsep``-separated folders, else the one default folder.
+
+    The default is the checkout's ``cache/``, else (installed) the user cache
+    dir. kgen.cache makes the first writable folder take new entries and
+    searches the others, read-only, after it. Empty items are skipped, as in
+    ``PATH``; a folder that does not exist yet is fine (it is created on the
+    first write).
+    """
     value = _get("KGEN_CACHE_DIR")
-    if value:
-        return Path(value).expanduser()
-    return CHECKOUT / "cache" if CHECKOUT is not None else user_cache_dir()
+    folders = [Path(item).expanduser() for item in value.split(os.pathsep) if item] if value else []
+    if not folders:
+        return [CHECKOUT / "cache" if CHECKOUT is not None else user_cache_dir()]
+    return list(dict.fromkeys(folders))  # a folder named twice is one layer
+
+
+def cache_dir() -> Path:
+    """The first folder of the cache path: where new entries go, when it is writable."""
+    return cache_dirs()[0]
 
 
 def user_cache_dir() -> Path:
@@ -87,6 +99,46 @@ def user_spec_dirs() -> list[Path]:
 def arch_override() -> str | None:
     """``KGEN_ARCH`` (say ``sm_90a``): compile for this arch instead of the current device's (checked by kgen.arch)."""
     return _get("KGEN_ARCH")
+
+
+def _switch(name: str) -> bool:
+    # Only 0 and 1: tools read words such as "true", "yes" or "off" differently, so kgen does not guess at any.
+    value = _get(name)
+    if value is None or value == "0":
+        return False
+    if value == "1":
+        return True
+    raise SettingError(f"{name}: {value!r} is neither 0 nor 1")
+
+
+def lineinfo() -> bool:
+    """``KGEN_LINEINFO=1``: compile with line info (``-lineinfo``), for profilers and compute-sanitizer.
+
+    It changes the cubin, so it is part of the cache key (through the NVRTC options).
+    """
+    return _switch("KGEN_LINEINFO")
+
+
+def save_source() -> bool:
+    """``KGEN_SAVE_SOURCE=1``: write the rendered source beside each entry kgen compiles (``<key>.cu``)."""
+    return _switch("KGEN_SAVE_SOURCE")
+
+
+def always_compile() -> bool:
+    """``KGEN_ALWAYS_COMPILE=1``: compile every variant, ignoring cached entries (still writing the new ones)."""
+    return _switch("KGEN_ALWAYS_COMPILE")
+
+
+def check_settings() -> None:
+    """Read every setting once, so that a bad value stops a command before it starts work.
+
+    (``kgen build`` would otherwise report it as the failure of each variant.)
+    """
+    cache_dirs()
+    user_spec_dirs()
+    lineinfo()
+    save_source()
+    always_compile()
 
 
 @contextlib.contextmanager

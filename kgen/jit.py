@@ -10,13 +10,15 @@ the spec names.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 from cuda.core import Device, Kernel, ObjectCode
 
 from kgen import arch as arch_module
 from kgen import config
-from kgen.cache import CacheEntry, DiskCache, cache_key, warn_once
+from kgen.cache import CacheEntry, cache_key, warn_once
+from kgen.cache_layers import cache_layers
 from kgen.compiler import BuildRecord, CompileError, compile_cubin, cubin_kernels
 from kgen.registry import Variant
 from kgen.render import render
@@ -71,31 +73,44 @@ def build(variant: Variant, arch: str | None = None) -> BuildResult:
 
 def _cached_or_compiled(variant: Variant, arch: str, source: str) -> BuildResult:
     key = cache_key(source, arch)
-    cache = DiskCache(config.cache_dir())
-    entry = cache.get(key)
+    layers = cache_layers()
+    # KGEN_ALWAYS_COMPILE: compile whatever the cache holds (to time a compile, or save its source); still publish.
+    look_up = not config.always_compile()
+    entry = layers.get(key) if look_up else None
     if entry is not None:
         return BuildResult(variant, arch, key, entry.cubin, entry.record, cache_hit=True)
+    cache = layers.writable
+    if cache is None:
+        folders = os.pathsep.join(str(f) for f in layers.folders)
+        warn_once("unwritable", folders,
+                  f"kgen: no folder on the cache path {folders} is writable; compiling in memory")
+        return _compiled(variant, arch, key, source)
     try:
         lock = cache.lock(key)
         lock.acquire()
     except OSError as exc:
         warn_once("unwritable", str(cache.root),
                   f"kgen: cache folder {cache.root} is not usable ({exc}); compiling in memory")
-        cubin, record = compile_cubin(source, arch, variant.name)
-        return BuildResult(variant, arch, key, cubin, record, cache_hit=False)
+        return _compiled(variant, arch, key, source)
     try:
-        # Another process may have built it while this one waited for the lock.
-        entry = cache.get(key)
+        # Another process may have built it into this folder while this one waited for the lock.
+        entry = cache.get(key) if look_up else None
         if entry is not None:
             return BuildResult(variant, arch, key, entry.cubin, entry.record, cache_hit=True)
-        cubin, record = compile_cubin(source, arch, variant.name)
+        result = _compiled(variant, arch, key, source)
         try:
-            cache.put(CacheEntry(key, cubin, record, variant.name))
+            cache.put(CacheEntry(key, result.cubin, result.record, variant.name),
+                      source if config.save_source() else None)
         except OSError as exc:
             warn_once("unwritable", str(cache.root), f"kgen: cannot write to cache folder {cache.root} ({exc})")
-        return BuildResult(variant, arch, key, cubin, record, cache_hit=False)
+        return result
     finally:
         lock.release()
+
+
+def _compiled(variant: Variant, arch: str, key: str, source: str) -> BuildResult:
+    cubin, record = compile_cubin(source, arch, variant.name)
+    return BuildResult(variant, arch, key, cubin, record, cache_hit=False)
 
 
 def _check_entries(result: BuildResult) -> None:

@@ -389,6 +389,19 @@ def test_entries_lists_only_entries_and_clear_removes_them_and_orphans(tmp_path)
     assert (cache.root / "notes.txt").exists() and (cache.root / "sub" / "cc.cubin.kgen").exists()
 
 
+def test_put_saves_a_source_beside_its_entry_and_clear_removes_it(tmp_path):
+    cache = DiskCache(tmp_path / "cache")
+    key = "ab" * 32
+    cache.put(_sample_entry(key=key), source=SOURCE)
+    cache.put(_sample_entry(key="cd" * 32))
+    (cache.root / "mine.cu").write_text("// not the cache's")
+    assert cache.source_path(key) == cache.root / f"{key}.cu"
+    assert cache.source_path(key).read_text() == SOURCE
+    assert not cache.source_path("cd" * 32).exists()
+    assert cache.clear() == 2
+    assert sorted(p.name for p in cache.root.iterdir()) == ["locks", "mine.cu"]
+
+
 def test_put_publishes_a_complete_file_by_rename(tmp_path, monkeypatch):
     cache = DiskCache(tmp_path / "cache")
     entry = _sample_entry()

@@ -8,6 +8,7 @@ in a subprocess.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -89,19 +90,23 @@ def run_kgen(args: list[str], env: dict, timeout: float = 300) -> subprocess.Com
 
 
 def make_family(root: Path, family: str, template: str, *, allow_spills: bool | None = None,
-                num_warps: list[int] = (1,), entries: list[str] | None = None, min_sm: int | None = None) -> Path:
+                num_warps: list[int] = (1,), entries: list[str] | None = None, min_sm: int | None = None,
+                mma: list[str] | None = None, sm_only: dict | None = None) -> Path:
     """A user spec folder with one new family (template file next to its spec); returns the folder.
 
     The entries default to ``[<family>_entry]``, the name the templates here give their kernel.
     """
     folder = root / f"specs_{family}"
     folder.mkdir(parents=True, exist_ok=True)
+    axes = f"num_warps: {list(num_warps)}" + (f", mma: [{', '.join(mma)}]" if mma else "")
     lines = [f"family: {family}", f"template: {family}.cu.j2", f"entries: {entries or [family + '_entry']}",
-             f"axes: {{num_warps: {list(num_warps)}}}"]
+             f"axes: {{{axes}}}"]
     if allow_spills is not None:
         lines.append(f"allow_spills: {'true' if allow_spills else 'false'}")
     if min_sm is not None:
         lines.append(f"min_sm: {min_sm}")
+    if sm_only is not None:
+        lines.append(f"sm_only: {json.dumps(sm_only)}")  # JSON is YAML
     (folder / f"{family}.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (folder / f"{family}.cu.j2").write_text(textwrap.dedent(template), encoding="utf-8")
     return folder
@@ -115,10 +120,12 @@ def builtin_variant_count() -> int:
     return len(load_spec_file(BUILTIN_SPEC).assignments)
 
 
-def table_rows(stdout: str, family: str) -> list[list[str]]:
-    """The first line of each row of ``family``'s build table, split into cells (label, regs, spills, ...)."""
+def table_rows(stdout: str, family: str, arch: str | None = None) -> list[list[str]]:
+    """The first line of each row of ``family``'s build table (for ``arch``, if given), split into cells
+    (label, regs, spills, ...)."""
     lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"{family} ("))
+    start = next(i for i, line in enumerate(lines)
+                 if line.startswith(f"{family} (") and (arch is None or line.rstrip().endswith(f" for {arch}")))
     rows = []
     for line in lines[start + 1:]:
         if re.match(r"^\S+ \(\d+ variants\)", line):
@@ -266,17 +273,16 @@ def test_build_compiles_every_variant_then_hits_the_cache(env, cache_dir):
 
     info = invoke(["cache", "info"], env)
     assert info.exit_code == 0, info.output
-    assert f"cache dir: {cache_dir}\n" in info.output
-    assert f"\nentries: {count}\n" in info.output
-    size = int(re.search(r"bytes: (\d+)", info.output).group(1))
-    assert size == sum(p.stat().st_size for p in cache_dir.glob("*.cubin.kgen")) > 0
+    size = sum(p.stat().st_size for p in cache_dir.glob("*.cubin.kgen"))
+    assert size > 0
+    assert info.output == f"writable: {cache_dir} ({count} entries, {size} bytes)\n"
 
     (cache_dir / ".0123abcd.deadbeef.tmp").write_bytes(b"half an entry")  # left by a killed build
     cleared = invoke(["cache", "clear"], env)
     assert cleared.exit_code == 0, cleared.output
     assert f"removed {count} entries from {cache_dir}" in cleared.output
     assert list(cache_dir.glob("*.cubin.kgen")) == [] and list(cache_dir.glob(".*.tmp")) == []
-    assert "\nentries: 0\n" in invoke(["cache", "info"], env).output
+    assert invoke(["cache", "info"], env).output == f"writable: {cache_dir} (0 entries, 0 bytes)\n"
 
 
 def test_build_hits_across_processes(env, tmp_path):
@@ -360,6 +366,67 @@ def test_build_skips_variants_needing_a_newer_arch_with_one_line_per_family(env,
     result = invoke([*args[:4], "build", "--arch", "sm_90a", *args[-4:]], env)
     assert result.exit_code == 0, result.output
     assert "skip:" not in result.stderr and "kgen build for sm_90a (5 variants)" in result.stdout
+
+
+def test_build_for_two_archs_prints_each_arch_s_tables_and_skips_per_arch(env, tmp_path, cache_dir):
+    folder = make_family(tmp_path, "tiny_mma", TINY_TEMPLATE, num_warps=[1, 2], mma=["mma_sync", "wgmma"],
+                         sm_only={"mma": {"wgmma": [90]}})
+    args = ["--spec-path", str(folder), "build", "--arch", "sm_90a", "--arch", "sm_100a", "--family", "tiny_mma"]
+    result = invoke(args, env)
+    assert result.exit_code == 0, result.output
+    skips = [line for line in result.stderr.splitlines() if line.startswith("skip:")]
+    assert skips == ["skip: tiny_mma: 2 of 4 variants with mma=wgmma run on sm_90 only (sm_only in its spec); "
+                     "not built for sm_100a"]
+    hopper, blackwell = (result.stdout.index(f"kgen build for {a}") for a in ("sm_90a (4 variants)", "sm_100a (2 variants)"))
+    assert hopper < blackwell
+    assert "tiny_mma (4 variants) for sm_90a" in result.stdout and "tiny_mma (2 variants) for sm_100a" in result.stdout
+    assert [r[0] for r in table_rows(result.stdout, "tiny_mma", "sm_100a")] == \
+        ["num_warps=1 mma=mma_sync", "num_warps=2 mma=mma_sync"]
+    assert [r[-1] for r in table_rows(result.stdout, "tiny_mma", "sm_90a")] == ["miss"] * 4
+    assert len(DiskCache(cache_dir).entries()) == 6
+
+    again = invoke(args, env)
+    assert again.exit_code == 0, again.output
+    assert cache_cells(again.stdout) == ["hit"] * 6
+
+
+def test_an_arch_given_twice_is_built_once(env, tmp_path):
+    folder = make_family(tmp_path, "tiny", TINY_TEMPLATE)
+    result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--arch", "sm_90a", "--family", "tiny"],
+                    env)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("kgen build for sm_90a (1 variants)") == 1
+
+
+def test_build_exits_1_when_one_of_its_archs_fails(env, tmp_path):
+    folder = make_family(tmp_path, "hopper_code", """
+        #if __CUDA_ARCH__ >= 1000
+        #error this kernel is Hopper's only
+        #endif
+        extern "C" __global__ void hopper_code_entry(float* out) { out[threadIdx.x] = {{ num_warps }}.f; }
+        """)
+    result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--arch", "sm_100a",
+                     "--family", "hopper_code"], env)
+    assert result.exit_code == 1, result.output
+    assert [r[-1] for r in table_rows(result.stdout, "hopper_code", "sm_90a")] == ["miss"]
+    assert [r[-1] for r in table_rows(result.stdout, "hopper_code", "sm_100a")] == ["FAILED"]
+    assert "FAILED hopper_code[num_warps=1]" in result.stderr
+    assert "NVRTC failed to compile hopper_code[num_warps=1] for sm_100a" in result.stderr
+    assert "for sm_90a" not in result.stderr
+
+
+def test_an_arch_with_nothing_to_build_is_skipped_when_another_has_some(env, tmp_path):
+    hopper = make_family(tmp_path, "hopper_only", TINY_TEMPLATE, min_sm=90)
+    args = ["--spec-path", str(hopper), "build", "--family", "hopper_only"]
+    result = invoke([*args, "--arch", "sm_80", "--arch", "sm_90a"], env)
+    assert result.exit_code == 0, result.output
+    assert "not built for sm_80" in result.stderr
+    assert "kgen build for sm_80" not in result.stdout and "kgen build for sm_90a (1 variants)" in result.stdout
+
+    proc = run_kgen([*args, "--arch", "sm_80", "--arch", "sm_86"], env)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.splitlines()[-1] == ("error: nothing to build for sm_80 or sm_86: families ['hopper_only'] "
+                                            "has no variant for these archs")
 
 
 def test_building_nothing_is_an_error(env, tmp_path):
@@ -518,7 +585,7 @@ def test_progress_is_a_line_every_few_seconds_when_not_a_terminal(env, tmp_path,
 def test_cache_info_and_clear_on_an_empty_or_missing_cache(env, cache_dir):
     info = invoke(["cache", "info"], env)
     assert info.exit_code == 0, info.output
-    assert info.output == f"cache dir: {cache_dir}\nentries: 0\nbytes: 0\n"
+    assert info.output == f"writable: {cache_dir} (0 entries, 0 bytes)\n"
     cleared = invoke(["cache", "clear"], env)
     assert cleared.exit_code == 0, cleared.output
     assert cleared.output == f"removed 0 entries from {cache_dir}\n"
