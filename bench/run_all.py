@@ -26,6 +26,7 @@ import bench_attention
 import bench_attention_decode
 import bench_attention_kernels
 import bench_attention_sweep
+import bench_first_call
 import bench_gdn_chunk
 import bench_gdn_kkt
 import bench_gdn_step
@@ -36,6 +37,7 @@ import bench_merge_states
 
 BENCHMARKS: list[tuple[str, Callable[[Path, argparse.Namespace], list[dict[str, Any]]]]] = [
     ("machinery", bench_machinery.run),
+    ("first call", bench_first_call.run),
     ("host", bench_host.run),
     ("merge", bench_merge_states.run),
     ("attention", bench_attention.run),

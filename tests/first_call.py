@@ -1,18 +1,24 @@
 """The first call of every kgen op in a fresh process: its wall time and how many kernels it compiled.
 
-Run as a child process with the cache path the caller chose (a cache imported from an archive):
+Run as a child process with the cache path the caller chose:
 
     python3 tests/first_call.py   ->  one JSON line {op: {"ms": first-call wall time, "compiled": kernels}}
 
 Each op is called once on small inputs, its plan made first (planning is part of a first call), and
-the device synchronised; the time includes loading its kernels from the cache. Used by
+the device synchronised; the time includes loading its kernels from the cache. :func:`fleet_run`
+makes the deployment this measures: every built-in variant built into one cache, exported to an
+archive, imported into an empty folder, and a fresh process given that folder alone. Used by
 tests/test_fleet_cache_gpu.py (nothing may compile) and bench/bench_first_call.py (the times).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -73,6 +79,28 @@ def main() -> None:
         torch.cuda.synchronize()
         results[name] = {"ms": (time.perf_counter() - start) * 1e3, "compiled": MISSES[0]}
     print(json.dumps(results))
+
+
+def first_calls(cache_path: Path) -> dict:
+    """The child's results in a fresh process whose cache path is ``cache_path`` alone."""
+    env = dict(os.environ, KGEN_CACHE_DIR=str(cache_path))
+    done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        raise RuntimeError(f"first-call child failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def fleet_run(folder: Path) -> tuple[dict, dict]:
+    """(first calls with an imported cache, first calls with an empty one), the deployment made in ``folder``."""
+    built, imported, empty, archive = folder / "built", folder / "imported", folder / "empty", folder / "cubins.tar.gz"
+
+    def kgen(*args: str, cache: Path) -> None:
+        subprocess.run([sys.executable, "-m", "kgen", *args], env=dict(os.environ, KGEN_CACHE_DIR=str(cache)),
+                       check=True, capture_output=True, timeout=600)
+    kgen("build", cache=built)  # for this GPU's arch
+    kgen("cache", "export", str(archive), cache=built)
+    kgen("cache", "import", str(archive), cache=imported)
+    return first_calls(imported), first_calls(empty)
 
 
 if __name__ == "__main__":
