@@ -9,7 +9,9 @@ layout only patches its descriptor (about 2 us instead of 7 to build one).
 
 from __future__ import annotations
 
-from typing import Mapping
+import contextlib
+import threading
+from typing import Iterator, Mapping
 
 import torch
 from cuda.core.utils import StridedMemoryView
@@ -28,6 +30,25 @@ def build_tensor_map(t: torch.Tensor, box_rows: int, span_bytes: int):
     return view.as_tensor_map(box_dim=(box_rows, 1, span_bytes // t.element_size()), swizzle=_SWIZZLES[span_bytes])
 
 
+_transient = threading.local()
+
+
+@contextlib.contextmanager
+def transient_descriptors() -> Iterator[None]:
+    """Descriptors made inside are dropped on leaving: none is kept, patched or reused by a later launch.
+
+    For launches whose tensors a CUDA graph's memory pool owns (torch.compile's mode="reduce-overhead"):
+    a descriptor holds a reference to its tensor, which the pool would then find alive and unaccounted
+    for. A launch copies its descriptors into the kernel's parameters, so dropping them after is safe.
+    """
+    previous = getattr(_transient, "made", None)
+    _transient.made = {}
+    try:
+        yield
+    finally:
+        _transient.made = previous
+
+
 class TensorMaps:
     """The descriptors of one launch's tensors, by role (q, k, v: tensors of equal layout keep their own).
 
@@ -42,6 +63,12 @@ class TensorMaps:
         self._entries: dict[str, list] = {}  # role -> [descriptor, the address it points at]
 
     def get(self, role: str, t: torch.Tensor):
+        made = getattr(_transient, "made", None)
+        if made is not None:  # inside transient_descriptors(): this launch's own, kept until it ends
+            key = (id(self), self.alias_of.get(role, role))
+            if key not in made:
+                made[key] = build_tensor_map(t, self.box_rows[key[1]], self.span_bytes)
+            return made[key]
         if role in self.alias_of:
             return self._entries[self.alias_of[role]][0]
         entry = self._entries.get(role)

@@ -95,8 +95,11 @@ def fleet_run(folder: Path) -> tuple[dict, dict]:
     built, imported, empty, archive = folder / "built", folder / "imported", folder / "empty", folder / "cubins.tar.gz"
 
     def kgen(*args: str, cache: Path) -> None:
-        subprocess.run([sys.executable, "-m", "kgen", *args], env=dict(os.environ, KGEN_CACHE_DIR=str(cache)),
-                       check=True, capture_output=True, timeout=600)
+        done = subprocess.run([sys.executable, "-m", "kgen", *args], env=dict(os.environ, KGEN_CACHE_DIR=str(cache)),
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode:
+            raise RuntimeError(f"kgen {' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
+                               f"{done.stderr[-3000:]}")
     kgen("build", cache=built)  # for this GPU's arch
     kgen("cache", "export", str(archive), cache=built)
     kgen("cache", "import", str(archive), cache=imported)

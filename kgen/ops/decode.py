@@ -197,12 +197,28 @@ def plan_from_recipe(recipe: tuple, device: torch.device) -> DecodePlan:
     found = _from_recipe.get(key)
     if found is None:
         heads_q, heads_kv, head_dim, q_len, dtype, page_size, window_left, bound, kv_load, tail, num_sms, n, *lengths = recipe
-        found = _from_recipe.put(key, plan_attention_decode(
+        found = plan_attention_decode(
             lengths, num_heads_q=heads_q, num_heads_kv=heads_kv, head_dim=head_dim, q_len=q_len,
             dtype=recipes.DTYPES[dtype], page_size=None if page_size == recipes.NONE else page_size,
             window_left=window_left, max_seqlen_k=None if bound == recipes.NONE else bound,
-            kv_load=recipes.TAILS[kv_load], tail=recipes.TAILS[tail], num_sms=num_sms, device=device))
+            kv_load=recipes.TAILS[kv_load], tail=recipes.TAILS[tail], num_sms=num_sms)
+        if not found.splits.single_pass:
+            _place_workspace(found, device)
+        found = _from_recipe.put(key, found)
     return found
+
+
+_workspace_pools: dict[torch.device, torch.cuda.MemPool] = {}
+
+
+def _place_workspace(plan: DecodePlan, device: torch.device) -> None:
+    """The plan's workspace, from a pool of kgen's own: it outlives the call that makes it, so it must not come
+    from a CUDA graph's pool, which owns the allocations of a torch.compile(mode="reduce-overhead") call."""
+    if device not in _workspace_pools:
+        with torch.cuda.device(device):
+            _workspace_pools[device] = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(_workspace_pools[device], device=device):
+        plan.workspace_on(device)
 
 
 _from_recipe = DispatchCache()

@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 from torch.library import custom_op
 
+from kgen import tma
+
 # ---- merge states ----------------------------------------------------------------------------
 
 
@@ -64,8 +66,10 @@ def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_
     from kgen.ops import attention
     plan = attention.plan_from_recipe(tuple(recipe), work)
     causal, left, right = recipe[2:5]
-    return attention.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=bool(causal), window=(left, right),
-                                      sink=sink, softmax_scale=softmax_scale, return_lse=True, plan=plan)
+    with tma.transient_descriptors():  # the inputs may be a CUDA graph pool's (see transient_descriptors)
+        return attention.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=bool(causal),
+                                          window=(left, right), sink=sink, softmax_scale=softmax_scale,
+                                          return_lse=True, plan=plan)
 
 
 @_attention_varlen.register_fake
@@ -107,8 +111,10 @@ def _attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     # The plan made here has a split workspace of its own, which the kernel leaves as it found it.
     from kgen.ops import decode
     plan = decode.plan_from_recipe(tuple(recipe), q.device)
-    return decode.attention_decode(q, k_cache, v_cache, seqlens_k, block_table=block_table, window_left=recipe[6],
-                                   sink=sink, softmax_scale=softmax_scale, return_lse=True, plan=plan)
+    with tma.transient_descriptors():
+        return decode.attention_decode(q, k_cache, v_cache, seqlens_k, block_table=block_table,
+                                       window_left=recipe[6], sink=sink, softmax_scale=softmax_scale,
+                                       return_lse=True, plan=plan)
 
 
 @_attention_decode.register_fake
@@ -137,10 +143,11 @@ def _chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
     from kgen.ops import gdn_chunk
     # No recipe: fixed-length sequences without cu_seqlens, which the op plans from the shapes alone.
     plan = gdn_chunk.plan_from_recipe(tuple(recipe), tables) if recipe else None
-    o, final = gdn_chunk.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                                state_layout=state_layout, plan=plan)
+    with tma.transient_descriptors():
+        o, final = gdn_chunk.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                                    state_layout=state_layout, plan=plan)
     return o, final if final is not None else v.new_empty((0,), dtype=torch.float32)
 
 
