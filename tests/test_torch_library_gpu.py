@@ -115,7 +115,7 @@ def assert_bitwise(got, expected):
 
 
 @pytest.mark.parametrize("name,mode", [(name, None) for name in CASES] +
-                         [(name, "reduce-overhead") for name in ("varlen", "decode_paged", "chunk", "step")])
+                         [(name, "reduce-overhead") for name in ("varlen", "decode_paged", "chunk", "chunk_fixed", "step")])
 def test_compiled_matches_eager_bitwise(name, mode):
     torch._dynamo.reset()
     fn, args = CASES[name]()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 
@@ -65,6 +66,21 @@ def cached_launcher(variant: Variant, entry: str, device_index: int) -> KernelLa
     key = (device_index, variant.name, entry)
     found = _launchers.get(key)
     return found if found is not None else _launchers.put(key, launcher(variant, entry, device_index))
+
+
+_kept_pools: dict[torch.device, torch.cuda.MemPool] = {}
+
+
+@contextlib.contextmanager
+def kept_allocations(device: torch.device) -> Iterator[None]:
+    """Allocations that outlive the op call making them (a plan's tables or workspace made inside an op) come
+    from a pool of kgen's own: not from a CUDA graph's, which owns the allocations of a
+    torch.compile(mode="reduce-overhead") call and refuses any left alive that it cannot account for."""
+    if device not in _kept_pools:
+        with torch.cuda.device(device):
+            _kept_pools[device] = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(_kept_pools[device], device=device):
+        yield
 
 
 class DispatchCache:

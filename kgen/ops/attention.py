@@ -164,8 +164,9 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     # [work list, whether it may still move to the first device that uses it]
     placed = [work, True] if device is None else [work.to(torch.device(device)), False]
     chosen = variant.param_dict
-    recipe = (head_dim, recipes.code(recipes.DTYPES, dtype), int(causal), *window, recipes.code(recipes.TAILS, chosen["tail"]),
-              chosen["tile_m"], chosen["tile_n"], recipes.code(recipes.MMAS, chosen["mma"]), len(seqlens_q),
+    recipe = (head_dim, recipes.code(recipes.DTYPES, dtype), int(causal), *window,
+              recipes.code(recipes.TAILS, chosen["tail"]), chosen["tile_m"], chosen["tile_n"],
+              recipes.code(recipes.MMAS, chosen["mma"]), len(seqlens_q),
               *recipes.cumulative(seqlens_q), *recipes.cumulative(seqlens_k))
     return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), variant, placed, recipe)
 

@@ -20,7 +20,8 @@ from kgen.layout import DECODE_ROWS_PER_BLOCK
 from kgen.ops import library, recipes
 from kgen.ops._checks import (INT32_LIMIT, check_int, check_rows, check_seqlens, check_shape, check_tensor, cuda_device,
                               refuse_grad)
-from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, cached_launcher, layout, spec_dtypes, without_tail
+from kgen.ops._dispatch import (DTYPE_NAMES, DispatchCache, cached_launcher, kept_allocations, layout, spec_dtypes,
+                                without_tail)
 from kgen.ops.attention import softmax_scale_log2
 from kgen.ops.decode_plan import SplitPlan, max_request_tiles, plan_splits, request_tiles
 from kgen.registry import Variant
@@ -196,7 +197,8 @@ def plan_from_recipe(recipe: tuple, device: torch.device) -> DecodePlan:
     key = (recipe, device)
     found = _from_recipe.get(key)
     if found is None:
-        heads_q, heads_kv, head_dim, q_len, dtype, page_size, window_left, bound, kv_load, tail, num_sms, n, *lengths = recipe
+        (heads_q, heads_kv, head_dim, q_len, dtype, page_size, window_left, bound, kv_load, tail, num_sms, _,
+         *lengths) = recipe
         found = plan_attention_decode(
             lengths, num_heads_q=heads_q, num_heads_kv=heads_kv, head_dim=head_dim, q_len=q_len,
             dtype=recipes.DTYPES[dtype], page_size=None if page_size == recipes.NONE else page_size,
@@ -208,16 +210,8 @@ def plan_from_recipe(recipe: tuple, device: torch.device) -> DecodePlan:
     return found
 
 
-_workspace_pools: dict[torch.device, torch.cuda.MemPool] = {}
-
-
 def _place_workspace(plan: DecodePlan, device: torch.device) -> None:
-    """The plan's workspace, from a pool of kgen's own: it outlives the call that makes it, so it must not come
-    from a CUDA graph's pool, which owns the allocations of a torch.compile(mode="reduce-overhead") call."""
-    if device not in _workspace_pools:
-        with torch.cuda.device(device):
-            _workspace_pools[device] = torch.cuda.MemPool()
-    with torch.cuda.use_mem_pool(_workspace_pools[device], device=device):
+    with kept_allocations(device):  # the plan, and its workspace, outlive the op call that made them
         plan.workspace_on(device)
 
 

@@ -287,7 +287,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         if cu_seqlens is not None:  # the lengths are on the device: a synchronisation
             plan = plan_chunk_gated_delta_rule(cu_seqlens.cpu(), num_heads_v=heads_v, head_dim=head_dim)
         else:
-            plan = _fixed_length_plan(batch, tokens, heads_v, head_dim, device)
+            plan = fixed_length_plan(batch, tokens, heads_v, head_dim, device)
     elif not isinstance(plan, ChunkGatedDeltaRulePlan):
         raise TypeError(f"plan: expected a ChunkGatedDeltaRulePlan, got {type(plan).__name__}")
     num_seqs = plan.num_seqs
@@ -322,7 +322,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
 _fixed_plans = DispatchCache()
 
 
-def _fixed_length_plan(batch: int, tokens: int, heads_v: int, head_dim: int, device: torch.device):
+def fixed_length_plan(batch: int, tokens: int, heads_v: int, head_dim: int, device: torch.device):
     """The plan of B sequences of T tokens, made once (its tables then stay on the device: no copy per call)."""
     key = (batch, tokens, heads_v, head_dim, device.index)
     found = _fixed_plans.get(key)

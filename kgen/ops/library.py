@@ -141,8 +141,12 @@ def _chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
                             output_final_state: bool, use_qk_l2norm_in_kernel: bool,
                             state_layout: str) -> tuple[Tensor, Tensor]:
     from kgen.ops import gdn_chunk
-    # No recipe: fixed-length sequences without cu_seqlens, which the op plans from the shapes alone.
-    plan = gdn_chunk.plan_from_recipe(tuple(recipe), tables) if recipe else None
+    from kgen.ops._dispatch import kept_allocations
+    if recipe:
+        plan = gdn_chunk.plan_from_recipe(tuple(recipe), tables)
+    else:  # fixed-length sequences without cu_seqlens: planned from the shapes alone, its tables kept
+        with kept_allocations(q.device):
+            plan = gdn_chunk.fixed_length_plan(q.shape[0], q.shape[1], v.shape[2], q.shape[3], q.device)
     with tma.transient_descriptors():
         o, final = gdn_chunk.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                                     output_final_state=output_final_state, cu_seqlens=cu_seqlens,
