@@ -1,0 +1,244 @@
+"""Context parallelism over torch.distributed: causal varlen prefill attention with sequences sharded across ranks.
+
+Sharding ("zigzag", load-balanced for causal attention): each sequence is cut into 2W chunks of as equal a
+size as its length allows (W ranks); rank r holds chunk r (its "front") and chunk 2W-1-r (its "back"). A
+rank's local tokens are the fronts of all sequences, then the backs, each part packed like the global
+batch. Ring attention: K/V shards travel round the ring (rank r receives from r-1, sends to r+1) while
+each rank attends its queries to the shard it holds, so after W steps every query has seen every key.
+With chunks so ordered, the queries and keys of a step relate in one of three ways, each one
+attention_varlen call per pair of packed regions: at step 0 (its own shard) fronts causal over fronts,
+backs causal over backs and backs over fronts in full; from a rank j < r its fronts and its backs over
+j's fronts, in full; from j > r its backs over j's fronts and over j's backs, in full (the other pairs
+are all in a query's future). Partial results merge through their LSEs (merge_attention_states).
+
+Plans are made once on the host from the global cu_seqlens, for each rank (:func:`plan_attention_varlen_cp`);
+every rank's plan knows every rank's shard sizes, so receive buffers need no size exchange.
+:func:`attention_varlen_cp_simulated` runs the same steps for all ranks in one process, without NCCL.
+Not yet supported: windows (each chunk pair would need its own window offset) and the gated delta rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from kgen.ops import AttentionPlan, attention_varlen, merge_attention_states, plan_attention_varlen
+from kgen.ops._checks import check_int
+from kgen.ops.attention_plan import seqlens_from_cu
+
+#: Regions of a rank's local tokens: the fronts (chunk r of every sequence) and the backs (chunk 2W-1-r),
+#: each packed per sequence (so a region is a varlen batch of its own).
+FRONT, BACK = "front", "back"
+
+
+def zigzag_bounds(seqlen: int, world_size: int) -> np.ndarray:
+    """The 2W + 1 boundaries of a sequence's chunks: chunk c is tokens [b[c], b[c+1]), sizes within one of each other."""
+    chunks = 2 * world_size
+    return np.array([c * seqlen // chunks for c in range(chunks + 1)], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One rank's tokens: per sequence, the global (start, end) of its front and back chunk."""
+
+    front: np.ndarray  # int64 [N, 2]
+    back: np.ndarray  # int64 [N, 2]
+
+    def lengths(self, region: str) -> np.ndarray:
+        part = self.front if region == FRONT else self.back
+        return part[:, 1] - part[:, 0]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths(FRONT).sum() + self.lengths(BACK).sum())
+
+    def rows(self, region: str) -> tuple[int, int]:
+        """The region's rows in the local tensors: fronts first, then backs."""
+        fronts = int(self.lengths(FRONT).sum())
+        return (0, fronts) if region == FRONT else (fronts, self.tokens)
+
+    def global_rows(self) -> np.ndarray:
+        """The global packed row of each local row, for sharding a global tensor and gathering it back."""
+        pieces = [np.arange(a, b) for a, b in self.front] + [np.arange(a, b) for a, b in self.back]
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """One attention_varlen call of a ring step: local query rows of ``q_region`` over the held shard's
+    ``k_region``, each packed per sequence; ``causal`` between regions that cover the same chunks."""
+
+    q_region: str
+    k_region: str
+    causal: bool
+    plan: AttentionPlan
+    #: int32 cu_seqlens of the query and key regions, on the plan's device.
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class ContextParallelPlan:
+    world_size: int
+    rank: int
+    seqlens: tuple[int, ...]
+    #: Every rank's shard (the sizes of what arrives from each).
+    shards: tuple[Shard, ...]
+    #: steps[s]: the calls of step s, whose keys are rank (rank - s) mod W's shard.
+    steps: tuple[tuple[StepCall, ...], ...]
+    head_dim: int
+    dtype: torch.dtype
+
+    @property
+    def shard(self) -> Shard:
+        return self.shards[self.rank]
+
+    def source(self, step: int) -> int:
+        return (self.rank - step) % self.world_size
+
+
+def shard_of(seqlens: Sequence[int], world_size: int, rank: int) -> Shard:
+    global_starts = np.concatenate([[0], np.cumsum(np.asarray(seqlens, dtype=np.int64))])
+    front, back = [], []
+    for start, n in zip(global_starts[:-1], seqlens):
+        b = zigzag_bounds(int(n), world_size) + start
+        front.append((b[rank], b[rank + 1]))
+        back.append((b[2 * world_size - 1 - rank], b[2 * world_size - rank]))
+    shape = (len(seqlens), 2)
+    return Shard(np.array(front, dtype=np.int64).reshape(shape), np.array(back, dtype=np.int64).reshape(shape))
+
+
+def _cu(lengths: np.ndarray) -> list[int]:
+    return [0, *np.cumsum(lengths).tolist()]
+
+
+def plan_attention_varlen_cp(cu_seqlens, *, world_size: int, rank: int, head_dim: int,
+                             dtype: torch.dtype = torch.bfloat16, causal: bool = True,
+                             device: torch.device | str | None = None) -> ContextParallelPlan:
+    """Rank ``rank``'s plan of causal prefill over the sequences of the global ``cu_seqlens`` (host data)."""
+    check_int("world_size", world_size, minimum=1)
+    check_int("rank", rank, minimum=0, maximum=world_size - 1)
+    if causal is not True:
+        raise ValueError("causal: attention_varlen_cp shards for causal attention (zigzag); got causal=False")
+    seqlens = seqlens_from_cu(cu_seqlens, "cu_seqlens")
+    shards = tuple(shard_of(seqlens, world_size, r) for r in range(world_size))
+    mine = shards[rank]
+
+    def call(q_region: str, k_region: str, held: Shard, is_causal: bool) -> StepCall | None:
+        lq, lk = mine.lengths(q_region), held.lengths(k_region)
+        if not (lq.sum() and lk.sum()):
+            return None
+        plan = plan_attention_varlen(_cu(lq), _cu(lk), head_dim=head_dim, dtype=dtype, causal=is_causal, device=device)
+        cu_q, cu_k = (torch.tensor(_cu(n), dtype=torch.int32, device=device) for n in (lq, lk))
+        return StepCall(q_region, k_region, is_causal, plan, cu_q, cu_k)
+
+    steps = []
+    for step in range(world_size):
+        source = (rank - step) % world_size
+        held = shards[source]
+        if step == 0:
+            wanted = [(FRONT, FRONT, True), (BACK, BACK, True), (BACK, FRONT, False)]
+        elif source < rank:
+            wanted = [(FRONT, FRONT, False), (BACK, FRONT, False)]
+        else:
+            wanted = [(BACK, FRONT, False), (BACK, BACK, False)]
+        steps.append(tuple(c for c in (call(q, k, held, is_causal) for q, k, is_causal in wanted) if c is not None))
+    return ContextParallelPlan(world_size, rank, tuple(seqlens), shards, tuple(steps), head_dim, dtype)
+
+
+def shard_tokens(x: torch.Tensor, plan: ContextParallelPlan) -> torch.Tensor:
+    """This rank's rows of a global packed tensor ``x`` [total, ...] (fronts, then backs)."""
+    return x[torch.from_numpy(plan.shard.global_rows()).to(x.device)]
+
+
+def _region_rows(shard: Shard, region: str, t: torch.Tensor) -> torch.Tensor:
+    a, b = shard.rows(region)
+    return t[a:b]
+
+
+def _step(plan: ContextParallelPlan, step: int, q: torch.Tensor, k_held: torch.Tensor, v_held: torch.Tensor,
+          out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor | None, softmax_scale: float | None) -> None:
+    """Attend this rank's queries to the shard held at ``step``, merging into the running ``out``, ``lse``."""
+    held = plan.shards[plan.source(step)]
+    for c in plan.steps[step]:
+        q_rows = _region_rows(plan.shard, c.q_region, q)
+        k_rows, v_rows = _region_rows(held, c.k_region, k_held), _region_rows(held, c.k_region, v_held)
+        cu_q, cu_k = c.cu_q.to(q.device), c.cu_k.to(q.device)  # no copy when planned with device=
+        # The sink joins each row's denominator once: in the call on the row's own diagonal chunk.
+        part, part_lse = attention_varlen(q_rows, k_rows, v_rows, cu_q, cu_k, causal=c.causal,
+                                          sink=sink if c.causal else None, softmax_scale=softmax_scale,
+                                          return_lse=True, plan=c.plan)
+        a, b = plan.shard.rows(c.q_region)
+        merged, merged_lse = merge_attention_states(out[a:b], lse[a:b], part, part_lse.transpose(0, 1))
+        out[a:b], lse[a:b] = merged, merged_lse
+
+
+def _empty_state(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merge's identity: O = 0, LSE = -inf (a partial that saw no key)."""
+    return torch.zeros_like(q), torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device)
+
+
+def _check_local(name: str, t: torch.Tensor, plan: ContextParallelPlan) -> None:
+    if t.shape[0] != plan.shard.tokens:
+        raise ValueError(f"{name}: rank {plan.rank}'s shard has {plan.shard.tokens} tokens (zigzag over "
+                         f"{plan.world_size} ranks); got {t.shape[0]}")
+
+
+def attention_varlen_cp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group, plan: ContextParallelPlan,
+                        sink: torch.Tensor | None = None, softmax_scale: float | None = None,
+                        return_lse: bool = False):
+    """Causal attention of this rank's query shard over every rank's keys, the K/V shards passed round ``group``.
+
+    q, k, v: this rank's shard (:func:`shard_tokens` of the global packed tensors). Returns this rank's
+    rows of the single-GPU result (and its LSE, ``[tokens, Hq]``). The exchange of step s + 1 runs on its
+    own stream while step s computes. Every rank must call it with plans made for the same batch.
+    """
+    import torch.distributed as dist
+
+    if dist.get_world_size(group) != plan.world_size or dist.get_rank(group) != plan.rank:
+        raise ValueError(f"plan: made for rank {plan.rank} of {plan.world_size}; this group has rank "
+                         f"{dist.get_rank(group)} of {dist.get_world_size(group)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_local(name, t, plan)
+    out, lse = _empty_state(q)
+    held = torch.cat([k, v], dim=1)  # one message per step: K and V of the shard held
+    comm = torch.cuda.Stream(device=q.device)
+    send_to = dist.get_global_rank(group, (plan.rank + 1) % plan.world_size)
+    recv_from = dist.get_global_rank(group, (plan.rank - 1) % plan.world_size)
+    heads_kv = k.shape[1]
+    for step in range(plan.world_size):
+        pending, incoming = [], None
+        if step + 1 < plan.world_size:
+            # What arrives is the next source's shard, whose size this rank's plan knows.
+            incoming = held.new_empty((plan.shards[plan.source(step + 1)].tokens, *held.shape[1:]))
+            comm.wait_stream(torch.cuda.current_stream(q.device))
+            with torch.cuda.stream(comm):
+                pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, held, send_to, group),
+                                                  dist.P2POp(dist.irecv, incoming, recv_from, group)])
+        _step(plan, step, q, held[:, :heads_kv], held[:, heads_kv:], out, lse, sink, softmax_scale)
+        for work in pending:
+            work.wait()
+        if incoming is not None:
+            torch.cuda.current_stream(q.device).wait_stream(comm)
+            held.record_stream(comm)
+            held = incoming
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen_cp_simulated(q: Sequence[torch.Tensor], k: Sequence[torch.Tensor], v: Sequence[torch.Tensor],
+                                  *, plans: Sequence[ContextParallelPlan], sink: torch.Tensor | None = None,
+                                  softmax_scale: float | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every rank's result of :func:`attention_varlen_cp`, the ring simulated in one process (no NCCL):
+    rank r's step s reads rank (r - s)'s shard directly. ``q[r]``, ``k[r]``, ``v[r]``, ``plans[r]``: rank r's."""
+    results = []
+    for plan, q_r in zip(plans, q):
+        for name, t in (("q", q_r), ("k", k[plan.rank]), ("v", v[plan.rank])):
+            _check_local(name, t, plan)
+        out, lse = _empty_state(q_r)
+        for step in range(plan.world_size):
+            _step(plan, step, q_r, k[plan.source(step)], v[plan.source(step)], out, lse, sink, softmax_scale)
+        results.append((out, lse))
+    return results
