@@ -1,5 +1,6 @@
-"""Every kgen GPU benchmark in one process: machinery, host cost, merge bandwidth, attention, the sweep, the
-kernels per sweep length, the gated delta rule's decode step; a summary last.
+"""Every kgen GPU benchmark in one process: machinery, first calls with an imported cache, host cost, merge
+bandwidth, attention, the sweep, the kernels per sweep length, decode attention, the gated delta rule's
+chunked forward, KKT solve, boundary sweep and decode step; a summary last.
 
 Writes into ``--out`` (default ``$OUT``, else ``bench/results/latest``): each
 benchmark's ``*.json`` and ``*.md``, ``summary.json``, ``SUMMARY.md`` and
