@@ -97,3 +97,15 @@ def test_bad_input_is_refused():
     q = torch.zeros(20, 2, 16, dtype=torch.float64)
     with pytest.raises(ValueError, match="q: rank 0's shard has 20 tokens"):
         cp.attention_varlen_cp_simulated([q[:19], q], [q, q], [q, q], plans=plans)
+
+
+def test_a_plan_for_another_world_size_is_refused():
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        plan = cp.plan_attention_varlen_cp([0, 40], world_size=2, rank=0, head_dim=128)
+        q = torch.zeros(20, 2, 16)
+        with pytest.raises(ValueError, match="made for rank 0 of 2; this group has rank 0 of 1"):
+            cp.attention_varlen_cp(q, q, q, group=dist.group.WORLD, plan=plan)
+    finally:
+        dist.destroy_process_group()
