@@ -1,9 +1,13 @@
-"""Context parallelism's decomposition on the CPU: the zigzag shards, and the ring's steps (simulated, one process)
-against single-device attention, with float64 stand-ins for the attention and merge kernels."""
+"""Context parallelism's decomposition on the CPU, with float64 stand-ins for the kernels: the zigzag shards and
+the ring's steps (simulated, one process) against single-device attention; the gated delta rule's pieces,
+composed through their transitions, against the per-token recurrence."""
 
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -12,6 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kgen.distributed as cp
+
+sys.path.insert(0, str(Path(__file__).parent))
+import gdn_reference  # noqa: E402
 
 
 def attention(q, k, v, cu_q, cu_k, *, causal, sink, softmax_scale, return_lse, plan):
@@ -109,3 +116,44 @@ def test_a_plan_for_another_world_size_is_refused():
             cp.attention_varlen_cp(q, q, q, group=dist.group.WORLD, plan=plan)
     finally:
         dist.destroy_process_group()
+
+
+def gdn_op(q, k, v, g, beta, *, cu_seqlens, plan, scale, output_final_state=False, use_qk_l2norm_in_kernel=False,
+           initial_state=None):
+    """chunk_gated_delta_rule's contract in float64: the per-token recurrence (tests/gdn_reference)."""
+    assert plan is not None
+    o, final = gdn_reference.recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                       cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm_in_kernel)
+    return o, final if output_final_state else None
+
+
+@settings(max_examples=25, deadline=None)
+@given(seqlens=st.lists(st.integers(0, 40), min_size=1, max_size=3), world_size=st.integers(1, 4),
+       layout=st.sampled_from(["kv", "vk"]), with_initial=st.booleans(), l2norm=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_gdn_pieces_compose_to_the_single_device_result(seqlens, world_size, layout, with_initial, l2norm, seed):
+    with mock.patch.object(cp, "chunk_gated_delta_rule", gdn_op):
+        check_gdn_pieces(seqlens, world_size, layout, with_initial, l2norm, seed)
+
+
+def check_gdn_pieces(seqlens, world_size, layout, with_initial, l2norm, seed):
+    gen = torch.Generator().manual_seed(seed)
+    total, heads, heads_v, dim = sum(seqlens), 1, 2, 8
+    q = torch.randn(1, total, heads, dim, generator=gen, dtype=torch.float64)
+    k = gdn_reference.l2norm(torch.randn(1, total, heads, dim, generator=gen, dtype=torch.float64))
+    v = torch.randn(1, total, heads_v, dim, generator=gen, dtype=torch.float64)
+    g = -torch.rand(1, total, heads_v, generator=gen, dtype=torch.float64)
+    beta = torch.rand(1, total, heads_v, generator=gen, dtype=torch.float64)
+    h0 = torch.randn(len(seqlens), heads_v, dim, dim, generator=gen, dtype=torch.float64) if with_initial else None
+    cu = [0, *np.cumsum(seqlens).tolist()]
+    want_o, want_final = gdn_reference.recurrent(q, k, v, g, beta, initial_state=h0, cu_seqlens=torch.tensor(cu),
+                                                 use_qk_l2norm=l2norm, state_layout=layout)
+    with mock.patch.object(cp, "plan_chunk_gated_delta_rule", return_value=object()):  # kernels' plan: unused here
+        plans = [cp.plan_chunk_gated_delta_rule_cp(cu, world_size=world_size, rank=r, num_heads_v=heads_v, head_dim=dim)
+                 for r in range(world_size)]
+    pieces = [[cp.shard_sequences(t, p) for p in plans] for t in (q, k, v, g, beta)]
+    results = cp.chunk_gated_delta_rule_cp_simulated(*pieces, plans=plans, initial_state=h0,
+                                                     use_qk_l2norm_in_kernel=l2norm, state_layout=layout)
+    for plan, (o, final) in zip(plans, results):
+        torch.testing.assert_close(o, cp.shard_sequences(want_o, plan), atol=1e-9, rtol=1e-9)
+        torch.testing.assert_close(final, want_final, atol=1e-9, rtol=1e-9)
