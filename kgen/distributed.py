@@ -14,7 +14,8 @@ are all in a query's future). Partial results merge through their LSEs (merge_at
 Plans are made once on the host from the global cu_seqlens, for each rank (:func:`plan_attention_varlen_cp`);
 every rank's plan knows every rank's shard sizes, so receive buffers need no size exchange.
 :func:`attention_varlen_cp_simulated` runs the same steps for all ranks in one process, without NCCL.
-Not yet supported: windows (each chunk pair would need its own window offset).
+With a window (``window_left``), a pair of chunks far apart needs its own window offset, and only its
+first query rows see any key: such pairs become a call per sequence, of those rows.
 
 The gated delta rule (:func:`chunk_gated_delta_rule_cp`) shards each sequence into W contiguous pieces.
 A piece maps its start state S linearly to its end state, P S + h (state layout kv: S is [K, V], P is
@@ -77,14 +78,15 @@ class Shard:
 
 @dataclass(frozen=True)
 class StepCall:
-    """One attention_varlen call of a ring step: local query rows of ``q_region`` over the held shard's
-    ``k_region``, each packed per sequence; ``causal`` between regions that cover the same chunks."""
+    """One attention_varlen call of a ring step: local query rows [q_rows) over the held shard's rows [k_rows),
+    packed per sequence as ``cu_q`` / ``cu_k`` say (on the plan's device). ``causal`` between rows of the same
+    chunks, where the sink joins (once per query row); ``window`` as attention_varlen takes it."""
 
-    q_region: str
-    k_region: str
+    q_rows: tuple[int, int]
+    k_rows: tuple[int, int]
     causal: bool
+    window: tuple[int, int]
     plan: AttentionPlan
-    #: int32 cu_seqlens of the query and key regions, on the plan's device.
     cu_q: torch.Tensor
     cu_k: torch.Tensor
 
@@ -100,6 +102,7 @@ class ContextParallelPlan:
     steps: tuple[tuple[StepCall, ...], ...]
     head_dim: int
     dtype: torch.dtype
+    window_left: int
 
     @property
     def shard(self) -> Shard:
@@ -124,38 +127,68 @@ def _cu(lengths: np.ndarray) -> list[int]:
     return [0, *np.cumsum(lengths).tolist()]
 
 
+def _full_pair_rows(shard: Shard, held: Shard, q_region: str, k_region: str, window_left: int):
+    """Per sequence, for a pair whose keys all precede its queries: (first query row, query rows, key row, keys,
+    the kernel's window_left) of the queries some key of the window reaches; the rest see none of these keys."""
+    q_part, k_part = (shard.front if q_region == FRONT else shard.back), (held.front if k_region == FRONT else held.back)
+    q_row, k_row = shard.rows(q_region)[0], held.rows(k_region)[0]
+    for (a, a_end), (c, c_end) in zip(q_part, k_part):
+        lq, lk = int(a_end - a), int(c_end - c)
+        # Query row r (global a + r) sees keys from a + r - window_left: local key r + (a - c) - window_left.
+        rows = lq if window_left < 0 else max(0, min(lq, lk - int(a - c) + window_left))
+        if rows and lk:
+            # The kernel aligns windows bottom-right: key >= row + (lk - rows) - left.
+            left = -1 if window_left < 0 else window_left - int(a - c) + lk - rows
+            yield q_row, rows, k_row, lk, left
+        q_row, k_row = q_row + lq, k_row + lk
+
+
 def plan_attention_varlen_cp(cu_seqlens, *, world_size: int, rank: int, head_dim: int,
-                             dtype: torch.dtype = torch.bfloat16, causal: bool = True,
+                             dtype: torch.dtype = torch.bfloat16, causal: bool = True, window_left: int = -1,
                              device: torch.device | str | None = None) -> ContextParallelPlan:
-    """Rank ``rank``'s plan of causal prefill over the sequences of the global ``cu_seqlens`` (host data)."""
+    """Rank ``rank``'s plan of causal prefill over the sequences of the global ``cu_seqlens`` (host data);
+    ``window_left``: keys a query sees before its own position (-1: all)."""
     check_int("world_size", world_size, minimum=1)
     check_int("rank", rank, minimum=0, maximum=world_size - 1)
+    check_int("window_left", window_left, minimum=-1)
     if causal is not True:
         raise ValueError("causal: attention_varlen_cp shards for causal attention (zigzag); got causal=False")
     seqlens = seqlens_from_cu(cu_seqlens, "cu_seqlens")
     shards = tuple(shard_of(seqlens, world_size, r) for r in range(world_size))
     mine = shards[rank]
 
-    def call(q_region: str, k_region: str, held: Shard, is_causal: bool) -> StepCall | None:
-        lq, lk = mine.lengths(q_region), held.lengths(k_region)
-        if not (lq.sum() and lk.sum()):
-            return None
-        plan = plan_attention_varlen(_cu(lq), _cu(lk), head_dim=head_dim, dtype=dtype, causal=is_causal, device=device)
+    def call(q_rows, k_rows, lq, lk, is_causal: bool, window: tuple[int, int]) -> StepCall:
+        plan = plan_attention_varlen(_cu(lq), _cu(lk), head_dim=head_dim, dtype=dtype, causal=is_causal,
+                                     window=window, device=device)
         cu_q, cu_k = (torch.tensor(_cu(n), dtype=torch.int32, device=device) for n in (lq, lk))
-        return StepCall(q_region, k_region, is_causal, plan, cu_q, cu_k)
+        return StepCall(q_rows, k_rows, is_causal, window, plan, cu_q, cu_k)
+
+    def diagonal(region: str) -> list[StepCall]:
+        lengths = mine.lengths(region)
+        rows = mine.rows(region)
+        return [call(rows, rows, lengths, lengths, True, (window_left, -1))] if lengths.sum() else []
+
+    def full(q_region: str, k_region: str, held: Shard) -> list[StepCall]:
+        pairs = list(_full_pair_rows(mine, held, q_region, k_region, window_left))
+        if window_left < 0:  # every query row sees every key: one call packs the sequences
+            lq, lk = mine.lengths(q_region), held.lengths(k_region)
+            return [call(mine.rows(q_region), held.rows(k_region), lq, lk, False, (-1, -1))] if pairs else []
+        # Each sequence's pair has its own window offset (and visible rows): a call each.
+        return [call((q0, q0 + rows), (k0, k0 + keys), np.array([rows]), np.array([keys]), False, (left, -1))
+                for q0, rows, k0, keys, left in pairs]
 
     steps = []
     for step in range(world_size):
         source = (rank - step) % world_size
         held = shards[source]
         if step == 0:
-            wanted = [(FRONT, FRONT, True), (BACK, BACK, True), (BACK, FRONT, False)]
+            calls = diagonal(FRONT) + diagonal(BACK) + full(BACK, FRONT, held)
         elif source < rank:
-            wanted = [(FRONT, FRONT, False), (BACK, FRONT, False)]
+            calls = full(FRONT, FRONT, held) + full(BACK, FRONT, held)
         else:
-            wanted = [(BACK, FRONT, False), (BACK, BACK, False)]
-        steps.append(tuple(c for c in (call(q, k, held, is_causal) for q, k, is_causal in wanted) if c is not None))
-    return ContextParallelPlan(world_size, rank, tuple(seqlens), shards, tuple(steps), head_dim, dtype)
+            calls = full(BACK, FRONT, held) + full(BACK, BACK, held)
+        steps.append(tuple(calls))
+    return ContextParallelPlan(world_size, rank, tuple(seqlens), shards, tuple(steps), head_dim, dtype, window_left)
 
 
 def shard_tokens(x: torch.Tensor, plan: ContextParallelPlan) -> torch.Tensor:
@@ -163,24 +196,16 @@ def shard_tokens(x: torch.Tensor, plan: ContextParallelPlan) -> torch.Tensor:
     return x[torch.from_numpy(plan.shard.global_rows()).to(x.device)]
 
 
-def _region_rows(shard: Shard, region: str, t: torch.Tensor) -> torch.Tensor:
-    a, b = shard.rows(region)
-    return t[a:b]
-
-
 def _step(plan: ContextParallelPlan, step: int, q: torch.Tensor, k_held: torch.Tensor, v_held: torch.Tensor,
           out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor | None, softmax_scale: float | None) -> None:
     """Attend this rank's queries to the shard held at ``step``, merging into the running ``out``, ``lse``."""
-    held = plan.shards[plan.source(step)]
     for c in plan.steps[step]:
-        q_rows = _region_rows(plan.shard, c.q_region, q)
-        k_rows, v_rows = _region_rows(held, c.k_region, k_held), _region_rows(held, c.k_region, v_held)
+        (a, b), (ka, kb) = c.q_rows, c.k_rows
         cu_q, cu_k = c.cu_q.to(q.device), c.cu_k.to(q.device)  # no copy when planned with device=
         # The sink joins each row's denominator once: in the call on the row's own diagonal chunk.
-        part, part_lse = attention_varlen(q_rows, k_rows, v_rows, cu_q, cu_k, causal=c.causal,
-                                          sink=sink if c.causal else None, softmax_scale=softmax_scale,
-                                          return_lse=True, plan=c.plan)
-        a, b = plan.shard.rows(c.q_region)
+        part, part_lse = attention_varlen(q[a:b], k_held[ka:kb], v_held[ka:kb], cu_q, cu_k, causal=c.causal,
+                                          window=c.window, sink=sink if c.causal else None,
+                                          softmax_scale=softmax_scale, return_lse=True, plan=c.plan)
         merged, merged_lse = merge_attention_states(out[a:b], lse[a:b], part, part_lse.transpose(0, 1))
         out[a:b], lse[a:b] = merged, merged_lse
 

@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import gdn_reference  # noqa: E402
 
 
-def attention(q, k, v, cu_q, cu_k, *, causal, sink, softmax_scale, return_lse, plan):
-    """attention_varlen's contract in float64: bottom-right causal, sink in the denominator, LSE [Hq, total_q]."""
+def attention(q, k, v, cu_q, cu_k, *, causal, sink, softmax_scale, return_lse, plan, window=(-1, -1)):
+    """attention_varlen's contract in float64: bottom-right causal and window, sink in the denominator, LSE
+    [Hq, total_q]."""
     assert return_lse and plan is not None
     heads_q, group = q.shape[1], q.shape[1] // k.shape[1]
     out = torch.zeros(q.shape, dtype=torch.float64)
@@ -32,9 +33,15 @@ def attention(q, k, v, cu_q, cu_k, *, causal, sink, softmax_scale, return_lse, p
         if not lq:
             continue
         s = torch.einsum("qhd,khd->hqk", q[q0:q1], k[k0:k1].repeat_interleave(group, 1)) * softmax_scale
+        keys, rows = torch.arange(lk).view(1, -1), torch.arange(lq).view(-1, 1) + (lk - lq)
+        allowed = torch.ones(lq, lk, dtype=torch.bool)
         if causal:
-            allowed = torch.arange(lk).view(1, -1) <= torch.arange(lq).view(-1, 1) + (lk - lq)
-            s = s.masked_fill(~allowed, -math.inf)
+            allowed &= keys <= rows
+        if window[0] >= 0:
+            allowed &= keys >= rows - window[0]
+        if window[1] >= 0:
+            allowed &= keys <= rows + window[1]
+        s = s.masked_fill(~allowed, -math.inf)
         if sink is not None:
             s = torch.cat([s, sink.view(-1, 1, 1).expand(-1, lq, 1)], dim=2)
         m = s.amax(2, keepdim=True).clamp(min=-1e300) if s.shape[2] else s.new_zeros((heads_q, lq, 1))
@@ -61,10 +68,11 @@ def float64_kernels(monkeypatch):
     monkeypatch.setattr(cp, "merge_attention_states", merge)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(seqlens=st.lists(st.integers(0, 90), min_size=1, max_size=4), world_size=st.integers(1, 4),
-       group=st.sampled_from([1, 2, 4]), use_sink=st.booleans(), seed=st.integers(0, 2**31 - 1))
-def test_ring_steps_equal_single_device_attention(seqlens, world_size, group, use_sink, seed):
+       group=st.sampled_from([1, 2, 4]), use_sink=st.booleans(), window=st.sampled_from([-1, -1, 0, 1, 7, 30]),
+       seed=st.integers(0, 2**31 - 1))
+def test_ring_steps_equal_single_device_attention(seqlens, world_size, group, use_sink, window, seed):
     gen = torch.Generator().manual_seed(seed)
     total, heads_kv, head_dim = sum(seqlens), 2, 16
     q = torch.randn(total, heads_kv * group, head_dim, generator=gen, dtype=torch.float64)
@@ -73,8 +81,9 @@ def test_ring_steps_equal_single_device_attention(seqlens, world_size, group, us
     cu = [0, *np.cumsum(seqlens).tolist()]
     scale = head_dim ** -0.5
     expected, expected_lse = attention(q, k, v, torch.tensor(cu), torch.tensor(cu), causal=True, sink=sink,
-                                       softmax_scale=scale, return_lse=True, plan=object())
-    plans = [cp.plan_attention_varlen_cp(cu, world_size=world_size, rank=r, head_dim=128) for r in range(world_size)]
+                                       softmax_scale=scale, return_lse=True, plan=object(), window=(window, -1))
+    plans = [cp.plan_attention_varlen_cp(cu, world_size=world_size, rank=r, head_dim=128, window_left=window)
+             for r in range(world_size)]
     shards = [[cp.shard_tokens(t, p) for p in plans] for t in (q, k, v)]
     results = cp.attention_varlen_cp_simulated(*shards, plans=plans, sink=sink, softmax_scale=scale)
     seen = []

@@ -42,19 +42,21 @@ def inputs(seqlens, seed, heads_kv=2, group=4, head_dim=128):
     return q, k, v, sink, cu
 
 
-def single_gpu(q, k, v, sink, cu):
+def single_gpu(q, k, v, sink, cu, window_left=-1):
     cu_dev = torch.tensor(cu, dtype=torch.int32, device="cuda")
-    return attention_varlen(q, k, v, cu_dev, cu_dev, causal=True, sink=sink, return_lse=True,
-                            plan=plan_attention_varlen(cu, cu, head_dim=q.shape[2], causal=True))
+    window = (window_left, -1)
+    return attention_varlen(q, k, v, cu_dev, cu_dev, causal=True, window=window, sink=sink, return_lse=True,
+                            plan=plan_attention_varlen(cu, cu, head_dim=q.shape[2], causal=True, window=window))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("seqlens", [[4096], [1000, 3, 0, 2047], [130000]])
-def test_simulated_ring_matches_single_gpu(world_size, seqlens):
+@pytest.mark.parametrize("window_left", [-1, 300])
+def test_simulated_ring_matches_single_gpu(world_size, seqlens, window_left):
     q, k, v, sink, cu = inputs(seqlens, seed=world_size)
-    expected, expected_lse = single_gpu(q, k, v, sink, cu)
-    plans = [cp.plan_attention_varlen_cp(cu, world_size=world_size, rank=r, head_dim=128, device="cuda")
-             for r in range(world_size)]
+    expected, expected_lse = single_gpu(q, k, v, sink, cu, window_left)
+    plans = [cp.plan_attention_varlen_cp(cu, world_size=world_size, rank=r, head_dim=128, window_left=window_left,
+                                         device="cuda") for r in range(world_size)]
     shards = [[cp.shard_tokens(t, p) for p in plans] for t in (q, k, v)]
     for plan, (out, lse) in zip(plans, cp.attention_varlen_cp_simulated(*shards, plans=plans, sink=sink)):
         torch.testing.assert_close(out.float(), cp.shard_tokens(expected, plan).float(), atol=TOL, rtol=TOL)
