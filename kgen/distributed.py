@@ -45,7 +45,8 @@ FRONT, BACK = "front", "back"
 
 
 def zigzag_bounds(seqlen: int, world_size: int) -> np.ndarray:
-    """The 2W + 1 boundaries of a sequence's chunks: chunk c is tokens [b[c], b[c+1]), sizes within one of each other."""
+    """The 2W + 1 boundaries of a sequence's chunks: chunk c is tokens [b[c], b[c+1]), sizes within one of each
+    other."""
     chunks = 2 * world_size
     return np.array([c * seqlen // chunks for c in range(chunks + 1)], dtype=np.int64)
 
@@ -130,7 +131,8 @@ def _cu(lengths: np.ndarray) -> list[int]:
 def _full_pair_rows(shard: Shard, held: Shard, q_region: str, k_region: str, window_left: int):
     """Per sequence, for a pair whose keys all precede its queries: (first query row, query rows, key row, keys,
     the kernel's window_left) of the queries some key of the window reaches; the rest see none of these keys."""
-    q_part, k_part = (shard.front if q_region == FRONT else shard.back), (held.front if k_region == FRONT else held.back)
+    q_part = shard.front if q_region == FRONT else shard.back
+    k_part = held.front if k_region == FRONT else held.back
     q_row, k_row = shard.rows(q_region)[0], held.rows(k_region)[0]
     for (a, a_end), (c, c_end) in zip(q_part, k_part):
         lq, lk = int(a_end - a), int(c_end - c)

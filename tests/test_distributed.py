@@ -28,7 +28,8 @@ def attention(q, k, v, cu_q, cu_k, *, causal, sink, softmax_scale, return_lse, p
     heads_q, group = q.shape[1], q.shape[1] // k.shape[1]
     out = torch.zeros(q.shape, dtype=torch.float64)
     lse = torch.full((heads_q, q.shape[0]), -math.inf, dtype=torch.float64)
-    for (q0, q1), (k0, k1) in zip(zip(cu_q[:-1].tolist(), cu_q[1:].tolist()), zip(cu_k[:-1].tolist(), cu_k[1:].tolist())):
+    q_bounds, k_bounds = cu_q.tolist(), cu_k.tolist()
+    for (q0, q1), (k0, k1) in zip(zip(q_bounds[:-1], q_bounds[1:]), zip(k_bounds[:-1], k_bounds[1:])):
         lq, lk = q1 - q0, k1 - k0
         if not lq:
             continue
