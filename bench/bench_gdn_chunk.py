@@ -30,7 +30,6 @@ import gdn_reference  # noqa: E402
 
 NAME = "bench_gdn_chunk"
 HEAD_DIM = 128
-RMS_TOL = 5e-3
 #: (sequences, length, H, HV, fla us measured on the H200 by the issue, bar as t(kgen)/t(fla)).
 SHAPES = [(1, 32768, 2, 8, 922, 0.45), (1, 32768, 16, 32, 1933, 0.50), (1, 32768, 16, 64, 3407, 0.50),
           (1, 8192, 16, 32, 489, 0.60), (4, 8192, 16, 32, 1748, 0.35), (8, 1024, 16, 32, 458, 0.35),
@@ -119,7 +118,7 @@ def with_fla(rows: list[dict[str, Any]], shapes: list[tuple]) -> None:
 
 
 def summary_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
-    ok = "" if row["kgen_rel_rms"] <= RMS_TOL else "WRONG"
+    ok = "" if row["kgen_rel_rms"] <= gdn_reference.RMS_BAR else "WRONG"
     bar = float(row["bar"].split()[-1])
     if "kgen_over_fla" not in row:
         return [summary_row("gdn chunk", f"{row['shape']}: kgen {row['kgen_us']:.0f} us; fla: {row['fla_status']}",

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from bench_gdn_chunk import RMS_TOL, time_kgen, with_fla
+from bench_gdn_chunk import gdn_reference, time_kgen, with_fla
 from common import environment, run_standalone, summary_row, verdict, write_results
 NAME = "bench_gdn_sweep"
 HEADS = 12
@@ -35,7 +35,7 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
     by_length = {row["L"]: row["kgen_us"] for row in rows}
     summary = []
     for row in rows:
-        ok = "" if row["kgen_rel_rms"] <= RMS_TOL else "WRONG"
+        ok = "" if row["kgen_rel_rms"] <= gdn_reference.RMS_BAR else "WRONG"
         if "kgen_over_fla" in row:
             summary.append(summary_row("gdn sweep", f"L={row['L']} N={row['N']}: kgen/fla ({row['kgen_us']:.0f} vs "
                                        f"{row['fla_us']:.0f} us)", row["kgen_over_fla"], "x", f"<= {FLA_BAR}",

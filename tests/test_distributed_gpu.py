@@ -93,8 +93,8 @@ def test_simulated_gdn_pieces_match_single_gpu(world_size, seqlens):
              for r in range(world_size)]
     pieces = [[cp.shard_sequences(t, p) for p in plans] for t in (q, k, v, g, beta)]
     for plan, (o, final) in zip(plans, cp.chunk_gated_delta_rule_cp_simulated(*pieces, plans=plans, initial_state=h0)):
-        assert gdn_reference.rel_rms(o, cp.shard_sequences(want_o, plan).double()) < 5e-3
-        assert gdn_reference.rel_rms(final, want_final.double()) < 5e-3
+        assert gdn_reference.rel_rms(o, cp.shard_sequences(want_o, plan).double()) <= gdn_reference.RMS_BAR
+        assert gdn_reference.rel_rms(final, want_final.double()) <= gdn_reference.RMS_BAR
 
 
 def _rank(rank: int, world_size: int, port: int, seqlens, failures) -> None:
@@ -117,8 +117,8 @@ def _rank(rank: int, world_size: int, port: int, seqlens, failures) -> None:
         o, final = cp.chunk_gated_delta_rule_cp(*(cp.shard_sequences(t, gdn_plan) for t in (q, k, v, g, beta)),
                                                 group=dist.group.WORLD, plan=gdn_plan, initial_state=h0,
                                                 output_final_state=True)
-        assert gdn_reference.rel_rms(o, cp.shard_sequences(want_o, gdn_plan).double()) < 5e-3
-        assert gdn_reference.rel_rms(final, want_final.double()) < 5e-3
+        assert gdn_reference.rel_rms(o, cp.shard_sequences(want_o, gdn_plan).double()) <= gdn_reference.RMS_BAR
+        assert gdn_reference.rel_rms(final, want_final.double()) <= gdn_reference.RMS_BAR
     except Exception as exc:  # reported by the parent; the process group's timeout stops the other ranks
         failures.put(f"rank {rank}: {type(exc).__name__}: {exc}")
         raise

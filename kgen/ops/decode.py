@@ -350,9 +350,7 @@ def _launch(plan: DecodePlan, q, k_cache, v_cache, seqlens_k, block_table, sink,
     variant = plan.variant
     workspace = plan.workspace_on(device)
     maps = ()
-    if variant.param_dict["kv_load"] == "tma":
-        if plan.page_size is not None and plan.page_size % layout(variant).sizes["kv_box_rows"]:
-            raise ValueError("plan: TMA loads need pages a multiple of the slice")  # plan_attention_decode prevents it
+    if variant.param_dict["kv_load"] == "tma":  # pages of whole slices: plan_attention_decode chose it so
         # Descriptors are patched per call with the caches' addresses: one set per calling thread and cache layout.
         key = (threading.get_ident(), device.index, variant.name, tuple(k_cache.shape), k_cache.stride(), v_cache.stride())
         found = _maps.get(key)

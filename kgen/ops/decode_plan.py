@@ -40,13 +40,10 @@ def request_tiles(seqlens: np.ndarray, *, q_len: int, window_left: int, slice_ke
 
 def max_request_tiles(max_seqlen_k: int, *, q_len: int, window_left: int, slice_keys: int, warps: int) -> int:
     """The most CTA tiles any request of at most ``max_seqlen_k`` keys has (at least 1)."""
-    if window_left < 0:
-        longest = int(request_tiles(np.array([max_seqlen_k]), q_len=q_len, window_left=-1, slice_keys=slice_keys,
-                                    warps=warps)[0])
-    else:  # a window's span plus a slice of misalignment, unless the request is shorter
-        keys = min(max_seqlen_k, q_len + window_left + slice_keys - 1)
-        longest = -(-(-(-keys // slice_keys)) // warps)
-    return max(1, longest)
+    # With a window: its span plus a slice of misalignment, unless the request is shorter.
+    span = max_seqlen_k if window_left < 0 else min(max_seqlen_k, q_len + window_left + slice_keys - 1)
+    return max(1, int(request_tiles(np.array([span]), q_len=q_len, window_left=-1, slice_keys=slice_keys,
+                                    warps=warps)[0]))
 
 
 @dataclass(frozen=True)
