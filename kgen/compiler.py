@@ -7,15 +7,12 @@ entry), which ``kgen build`` prints and which gates spills.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import hashlib
 import importlib.metadata
 import io
 import re
 import struct
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -113,8 +110,8 @@ _STO_CUDA_ENTRY = 0x10  # st_other bit of a __global__ function's ELF symbol
 def cubin_kernels(cubin: bytes) -> set[str]:
     """The kernels (``__global__`` entries) an ELF cubin holds, from its symbol table.
 
-    Read from the cubin rather than the ptxas log, which NVRTC sometimes returns
-    without the per-entry lines; a non-inlined device function is not an entry.
+    Read from the cubin, so that a ptxas log lacking an entry's lines is caught; a
+    non-inlined device function is not an entry.
     """
     if cubin[:4] != b"\x7fELF" or cubin[4] != 2:  # 64-bit ELF
         raise ValueError("not a 64-bit ELF cubin")
@@ -230,6 +227,10 @@ def program_options(arch: str, name: str) -> ProgramOptions:
         ptxas_options=["-v"],
         use_fast_math=False,
         lineinfo=config.lineinfo(),
+        # Where a driver is installed, NVRTC keeps its own cache of compiled programs (~/.nv/ComputeCache),
+        # and a program it finds there comes back without ptxas' report: no registers, no spills, none of
+        # the warnings the build gates on. kgen's cache is the only one.
+        no_cache=True,
     )
 
 
@@ -244,75 +245,16 @@ def _quote_errors(source: str, nvrtc_log: str, context: int = 2) -> str:
     return "\n".join(shown)
 
 
-class _AloneOrTogether:
-    """Compiles run together (shared), or one alone (exclusive): no other compile runs meanwhile."""
-
-    def __init__(self) -> None:
-        self._condition = threading.Condition()
-        self._running = 0
-        self._alone = False
-
-    @contextlib.contextmanager
-    def together(self):
-        with self._condition:
-            self._condition.wait_for(lambda: not self._alone)
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._condition:
-                self._running -= 1
-                self._condition.notify_all()
-
-    @contextlib.contextmanager
-    def alone(self):
-        with self._condition:
-            self._condition.wait_for(lambda: not self._alone)
-            self._alone = True
-            self._condition.wait_for(lambda: self._running == 0)
-        try:
-            yield
-        finally:
-            with self._condition:
-                self._alone = False
-                self._condition.notify_all()
-
-
-# Seen on the 16-core GPU machine: with many compiles in parallel threads, NVRTC's log for some
-# came back without ptxas' resource report (even on a retry while others still ran), which would
-# hide spills from the build gate. A compile whose report misses an entry of its cubin is redone
-# with no other compile running, up to _ALONE_ATTEMPTS times (one retry alone still missed it there).
-_COMPILES = _AloneOrTogether()
-# On the GPU machine, a compile whose PTX equals an earlier one's in this process (two variants that
-# differ only where has_incomplete_tile=false makes them equal, or one variant compiled twice) comes
-# back with the same cubin and no ptxas report: the earlier report, by cubin, is that compile's.
-_reports: dict[bytes, "BuildRecord"] = {}
-_ALONE_ATTEMPTS = 3
-
-
 def compile_cubin(source: str, arch: str, variant_name: str) -> tuple[bytes, BuildRecord]:
     """Compile ``source`` for ``arch`` (``sm_90a``); raise :class:`CompileError` with context on failure.
 
     The record's ptxas report covers every kernel of the cubin, or this raises.
     """
-    with _COMPILES.together():
-        cubin, record = _compile_once(source, arch, variant_name)
-    for _ in range(_ALONE_ATTEMPTS):
-        if cubin_kernels(cubin) <= set(record.entries):
-            break
-        earlier = _reports.get(hashlib.sha256(cubin).digest())
-        if earlier is not None:  # NVRTC handed back the cubin of an identical program without running ptxas
-            record = dataclasses.replace(record, entries=dict(earlier.entries),
-                                         callee_spill_bytes=earlier.callee_spill_bytes)
-            break
-        with _COMPILES.alone():
-            cubin, record = _compile_once(source, arch, variant_name)
-    else:
-        missing = sorted(cubin_kernels(cubin) - set(record.entries))
-        if missing:
-            raise CompileError(f"{variant_name}: ptxas reported no resources for {', '.join(missing)} "
-                               f"(registers and spills unknown), even when compiled alone")
-    _reports.setdefault(hashlib.sha256(cubin).digest(), record)
+    cubin, record = _compile_once(source, arch, variant_name)
+    missing = sorted(cubin_kernels(cubin) - set(record.entries))
+    if missing:
+        raise CompileError(f"{variant_name}: ptxas reported no resources for {', '.join(missing)} "
+                           f"(registers and spills unknown)")
     return cubin, record
 
 
