@@ -195,11 +195,16 @@ def _schema_error(error: jsonschema.ValidationError, root: yaml.Node, file: Path
     return SpecError(file, _format_path(path), _line_of(root, path), error.message)
 
 
+# libyaml's parser where PyYAML was built with it: the pure-Python one is most of a process's first op
+# call with a warm cache (reading the spec files).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _parse(text: str, file: Path) -> tuple[Any, yaml.Node]:
     """The document's value and its node graph, from one pass of the YAML parser."""
     root, loader = None, None
     try:
-        loader = yaml.SafeLoader(text)  # reading starts here: it can refuse a control character
+        loader = _LOADER(text)  # reading starts here: it can refuse a control character
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
     except yaml.MarkedYAMLError as exc:

@@ -22,5 +22,8 @@ def test_first_calls_with_an_imported_cache_compile_nothing(tmp_path):
     assert set(imported) == set(empty) and len(imported) == 6
     for op, result in imported.items():
         assert result["compiled"] == 0, f"{op} compiled {result['compiled']} kernels despite the imported cache"
-    # The same calls with an empty cache do compile: the counter counts.
-    assert all(result["compiled"] > 0 for result in empty.values()), empty
+    # The same calls with an empty cache do compile: the counter counts. merge_attention_states_n's kernel
+    # is in the module merge_attention_states's first call compiled (one variant, both entries).
+    shares_a_module = {"merge_attention_states_n"}
+    assert all(result["compiled"] > 0 for op, result in empty.items() if op not in shares_a_module), empty
+    assert empty["merge_attention_states_n"]["compiled"] == 0 < empty["merge_attention_states"]["compiled"], empty
