@@ -9,9 +9,7 @@ layout only patches its descriptor (about 2 us instead of 7 to build one).
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Iterator, Mapping
+from typing import Mapping
 
 import torch
 from cuda.core.utils import StridedMemoryView
@@ -21,32 +19,31 @@ from kgen.launch import TensorMapSwizzle
 _SWIZZLES = {128: TensorMapSwizzle.SWIZZLE_128B, 64: TensorMapSwizzle.SWIZZLE_64B, 32: TensorMapSwizzle.SWIZZLE_32B}
 
 
+class _Memory:
+    """``t``'s memory as the CUDA Array Interface describes it, holding no reference to ``t``.
+
+    A descriptor keeps the object it was made (or patched) from. Made from this one, it keeps no tensor
+    alive, so it may be cached even where the tensors are a CUDA graph pool's (torch.compile's
+    mode="reduce-overhead"), whose allocations must not outlive the graph's accounting. A launch copies
+    the descriptor into the kernel's parameters; what it points at afterwards is never read.
+    """
+
+    def __init__(self, t: torch.Tensor):
+        size = t.element_size()
+        self.__cuda_array_interface__ = {
+            "shape": tuple(t.shape), "strides": tuple(s * size for s in t.stride()),
+            # TMA copies bytes: an unsigned type of the element's size moves the same ones (zeros past the end too).
+            "typestr": f"<u{size}", "data": (t.data_ptr(), False), "version": 3,
+        }
+
+
 def build_tensor_map(t: torch.Tensor, box_rows: int, span_bytes: int):
     """A descriptor for boxes of ``box_rows`` tokens x 1 head x ``span_bytes`` of the last dimension of 3-D ``t``.
 
     The box's span is also its swizzle width.
     """
-    view = StridedMemoryView.from_dlpack(t, stream_ptr=-1)
+    view = StridedMemoryView.from_cuda_array_interface(_Memory(t), stream_ptr=None)
     return view.as_tensor_map(box_dim=(box_rows, 1, span_bytes // t.element_size()), swizzle=_SWIZZLES[span_bytes])
-
-
-_transient = threading.local()
-
-
-@contextlib.contextmanager
-def transient_descriptors() -> Iterator[None]:
-    """Descriptors made inside are dropped on leaving: none is kept, patched or reused by a later launch.
-
-    For launches whose tensors a CUDA graph's memory pool owns (torch.compile's mode="reduce-overhead"):
-    a descriptor holds a reference to its tensor, which the pool would then find alive and unaccounted
-    for. A launch copies its descriptors into the kernel's parameters, so dropping them after is safe.
-    """
-    previous = getattr(_transient, "made", None)
-    _transient.made = {}
-    try:
-        yield
-    finally:
-        _transient.made = previous
 
 
 class TensorMaps:
@@ -63,12 +60,6 @@ class TensorMaps:
         self._entries: dict[str, list] = {}  # role -> [descriptor, the address it points at]
 
     def get(self, role: str, t: torch.Tensor):
-        made = getattr(_transient, "made", None)
-        if made is not None:  # inside transient_descriptors(): this launch's own, kept until it ends
-            key = (id(self), self.alias_of.get(role, role))
-            if key not in made:
-                made[key] = build_tensor_map(t, self.box_rows[key[1]], self.span_bytes)
-            return made[key]
         if role in self.alias_of:
             return self._entries[self.alias_of[role]][0]
         entry = self._entries.get(role)
@@ -76,6 +67,6 @@ class TensorMaps:
         if entry is None:
             entry = self._entries[role] = [build_tensor_map(t, self.box_rows[role], self.span_bytes), address]
         elif entry[1] != address:
-            entry[0].replace_address(t)
+            entry[0].replace_address(_Memory(t))
             entry[1] = address
         return entry[0]

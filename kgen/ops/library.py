@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 from torch.library import custom_op
 
-from kgen import tma
 
 # ---- merge states ----------------------------------------------------------------------------
 
@@ -66,10 +65,9 @@ def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_
     from kgen.ops import attention
     plan = attention.plan_from_recipe(tuple(recipe), work)
     causal, left, right = recipe[2:5]
-    with tma.transient_descriptors():  # the inputs may be a CUDA graph pool's (see transient_descriptors)
-        return attention.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=bool(causal),
-                                          window=(left, right), sink=sink, softmax_scale=softmax_scale,
-                                          return_lse=True, plan=plan)
+    return attention.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=bool(causal),
+                                      window=(left, right), sink=sink, softmax_scale=softmax_scale,
+                                      return_lse=True, plan=plan)
 
 
 @_attention_varlen.register_fake
@@ -111,10 +109,9 @@ def _attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     # The plan made here has a split workspace of its own, which the kernel leaves as it found it.
     from kgen.ops import decode
     plan = decode.plan_from_recipe(tuple(recipe), q.device)
-    with tma.transient_descriptors():
-        return decode.attention_decode(q, k_cache, v_cache, seqlens_k, block_table=block_table,
-                                       window_left=recipe[6], sink=sink, softmax_scale=softmax_scale,
-                                       return_lse=True, plan=plan)
+    return decode.attention_decode(q, k_cache, v_cache, seqlens_k, block_table=block_table,
+                                   window_left=recipe[6], sink=sink, softmax_scale=softmax_scale,
+                                   return_lse=True, plan=plan)
 
 
 @_attention_decode.register_fake
@@ -147,11 +144,10 @@ def _chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
     else:  # fixed-length sequences without cu_seqlens: planned from the shapes alone, its tables kept
         with kept_allocations(q.device):
             plan = gdn_chunk.fixed_length_plan(q.shape[0], q.shape[1], v.shape[2], q.shape[3], q.device)
-    with tma.transient_descriptors():
-        o, final = gdn_chunk.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                                    state_layout=state_layout, plan=plan)
+    o, final = gdn_chunk.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                                state_layout=state_layout, plan=plan)
     return o, final if final is not None else v.new_empty((0,), dtype=torch.float32)
 
 
