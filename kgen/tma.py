@@ -37,13 +37,18 @@ class _Memory:
         }
 
 
+def _view(t: torch.Tensor) -> StridedMemoryView:
+    """``t``'s memory as a view with no tensor behind it. The interface names no stream, so none is synchronised
+    (-1: cuda.core 1.2.0 refuses None as ambiguous)."""
+    return StridedMemoryView.from_cuda_array_interface(_Memory(t), stream_ptr=-1)
+
+
 def build_tensor_map(t: torch.Tensor, box_rows: int, span_bytes: int):
     """A descriptor for boxes of ``box_rows`` tokens x 1 head x ``span_bytes`` of the last dimension of 3-D ``t``.
 
     The box's span is also its swizzle width.
     """
-    view = StridedMemoryView.from_cuda_array_interface(_Memory(t), stream_ptr=None)
-    return view.as_tensor_map(box_dim=(box_rows, 1, span_bytes // t.element_size()), swizzle=_SWIZZLES[span_bytes])
+    return _view(t).as_tensor_map(box_dim=(box_rows, 1, span_bytes // t.element_size()), swizzle=_SWIZZLES[span_bytes])
 
 
 class TensorMaps:
@@ -67,6 +72,6 @@ class TensorMaps:
         if entry is None:
             entry = self._entries[role] = [build_tensor_map(t, self.box_rows[role], self.span_bytes), address]
         elif entry[1] != address:
-            entry[0].replace_address(_Memory(t))
+            entry[0].replace_address(_view(t))
             entry[1] = address
         return entry[0]
