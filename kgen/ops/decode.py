@@ -305,9 +305,9 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError("seqlens_k: expected a contiguous tensor")
     if paged:
         check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=device)
-        if block_table.shape[0] != batch or block_table.shape[1] == 0 or block_table.stride(1) != 1:
-            raise ValueError(f"block_table: expected [{batch}, max_pages] with max_pages >= 1 and contiguous rows, got "
-                             f"shape {tuple(block_table.shape)}, strides {block_table.stride()}")
+        if block_table.shape[0] != batch or block_table.stride(1) != 1:
+            raise ValueError(f"block_table: expected [{batch}, max_pages] with contiguous rows, got shape "
+                             f"{tuple(block_table.shape)}, strides {block_table.stride()}")
     if sink is not None:
         check_tensor("sink", sink, ndim=1, dtypes=(torch.float32,), device=device)
         if sink.shape[0] != heads_q or not sink.is_contiguous():
