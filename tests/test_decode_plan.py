@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kgen import registry
 from kgen.ops import plan_attention_decode
 from kgen.ops.decode_plan import max_request_tiles, plan_splits, request_tiles
 
@@ -101,3 +102,35 @@ def test_bad_input_names_the_argument(bad, error, name):
     args = dict(seqlens_k=[40, 20], num_heads_q=8, num_heads_kv=8, head_dim=128, num_sms=132) | bad
     with pytest.raises(error, match=name):
         plan_attention_decode(**args)
+
+
+def _spec_with_configs(folder, configs: str):
+    """A copy of the built-in decode spec whose configs are ``configs`` (YAML flow mappings, one per line)."""
+    from kgen import config
+    text = (config.BUILTIN_SPEC_DIR / "attention_decode.yaml").read_text()
+    head, rest = text.split("configs:\n", 1)
+    tail = rest[rest.index("exclude:"):]
+    (folder / "attention_decode.yaml").write_text(head + "configs:\n" + configs + tail)
+    return registry.Registry([folder])
+
+
+def test_a_split_grid_takes_the_single_pass_slices_and_warps(tmp_path, monkeypatch):
+    # Splits are counted in the single-pass variant's CTA tiles: the split variant must share its tile_n and
+    # num_warps, whatever configs come first in the spec.
+    reg = _spec_with_configs(tmp_path, "  - {head_dim: 128, tile_n: 16, num_warps: 2, stages: 3, min_blocks_per_sm: 4}\n"
+                                       "  - {head_dim: 128, tile_n: 16, num_warps: 4, stages: 5, min_blocks_per_sm: 1}\n"
+                                       "  - {head_dim: 128, tile_n: 16, num_warps: 2, stages: 8, min_blocks_per_sm: 1}\n")
+    monkeypatch.setattr(registry, "current", lambda: reg)
+    split = plan_attention_decode([32768], num_heads_q=32, num_heads_kv=8, head_dim=128, num_sms=132)
+    assert not split.splits.single_pass
+    assert {k: split.variant.param_dict[k] for k in ("num_warps", "stages", "min_blocks_per_sm")} == \
+        {"num_warps": 2, "stages": 8, "min_blocks_per_sm": 1}
+
+
+def test_a_spec_without_a_matching_split_config_is_refused_by_name(tmp_path, monkeypatch):
+    reg = _spec_with_configs(tmp_path, "  - {head_dim: 128, tile_n: 16, num_warps: 2, stages: 3, min_blocks_per_sm: 4}\n"
+                                       "  - {head_dim: 128, tile_n: 16, num_warps: 4, stages: 5, min_blocks_per_sm: 1}\n")
+    monkeypatch.setattr(registry, "current", lambda: reg)
+    assert plan_attention_decode([2048] * 64, num_heads_q=32, num_heads_kv=8, head_dim=128, num_sms=132).splits.single_pass
+    with pytest.raises(registry.UnsupportedVariantError, match="split grid needs a config of min_blocks_per_sm 1"):
+        plan_attention_decode([32768], num_heads_q=32, num_heads_kv=8, head_dim=128, num_sms=132)

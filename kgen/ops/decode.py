@@ -24,7 +24,7 @@ from kgen.ops._dispatch import (DTYPE_NAMES, DispatchCache, cached_launcher, kep
                                 without_tail)
 from kgen.ops.attention import softmax_scale_log2
 from kgen.ops.decode_plan import SplitPlan, max_request_tiles, plan_splits, request_tiles
-from kgen.registry import Variant
+from kgen.registry import UnsupportedVariantError, Variant
 
 FAMILY = "attention_decode"
 MAX_Q_LEN = 8  # speculative decoding's new tokens per request
@@ -89,13 +89,14 @@ class DecodePlan:
 
 
 def _variant(head_dim: int, dtype: torch.dtype, paged: bool, kv_load: str | None, tail: str | None,
-             has_incomplete_tile: bool, split: bool = False) -> Variant:
-    """The spec's first variant for the call; for a split grid (one block per SM), its first of one block per SM."""
+             has_incomplete_tile: bool, split_of: Variant | None = None) -> Variant:
+    """The spec's first variant for the call; for a split grid (one block per SM), its first of one block per SM
+    with the slices and warps of ``split_of``, the single-pass variant, in whose CTA tiles the splits are counted."""
     wanted = {"kv_load": kv_load} if kv_load is not None else {}
     if tail is not None:
         wanted["tail"] = tail
-    if split:
-        wanted["min_blocks_per_sm"] = 1
+    if split_of is not None:
+        wanted.update(min_blocks_per_sm=1, tile_n=split_of.param_dict["tile_n"], num_warps=split_of.param_dict["num_warps"])
     family = registry.current().family(FAMILY)
     with_tail = family.select(head_dim=head_dim, dtype=DTYPE_NAMES[dtype], kv_layout="paged" if paged else "contiguous",
                               has_incomplete_tile=True, **wanted)
@@ -178,7 +179,13 @@ def plan_attention_decode(seqlens_k, *, num_heads_q: int, num_heads_kv: int, hea
     if splits.max_splits * row_groups > 2**31 - 1:
         raise ValueError("plan: the grid's x dimension overflows")
     if not splits.single_pass:  # the same slices and warps, more stages
-        first = _variant(head_dim, dtype, paged, first.param_dict["kv_load"], first.param_dict["tail"], True, split=True)
+        try:
+            first = _variant(head_dim, dtype, paged, first.param_dict["kv_load"], first.param_dict["tail"], True,
+                             split_of=first)
+        except UnsupportedVariantError as exc:
+            raise UnsupportedVariantError(
+                f"{FAMILY}: a split grid needs a config of min_blocks_per_sm 1 with the tile_n and num_warps of the "
+                f"single-pass variant {first.name}, in whose CTA tiles the splits are counted ({exc})") from None
     variant = first if partial_slices else without_tail(FAMILY, first)
     chosen = variant.param_dict
     recipe = (num_heads_q, num_heads_kv, head_dim, q_len, recipes.code(recipes.DTYPES, dtype),
