@@ -20,7 +20,7 @@ from cuda.core import Kernel, LaunchConfig, Stream, launch
 # The swizzle enum is documented with TensorMapDescriptor, but cuda.core 1.2.0 exports both only from here.
 from cuda.core._tensor_map import TensorMapDescriptor, TensorMapSwizzle  # noqa: F401  (TensorMapSwizzle: for kgen.tma)
 
-from kgen.layout import Parameter
+from kgen.contract import Parameter
 
 #: Above this, a kernel must opt in to dynamic shared memory (cuFuncSetAttribute).
 DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
@@ -69,7 +69,7 @@ class LaunchArgumentError(TypeError):
 
 
 class KernelLauncher:
-    """One kernel entry on one device, with the block size, dynamic shared memory and parameters its layout gives."""
+    """One kernel entry on one device, with the block size, dynamic shared memory and parameters its contract gives."""
 
     def __init__(self, kernel: Kernel, device_index: int, threads: int, dynamic_smem: int,
                  parameters: Sequence[Parameter], name: str):
@@ -78,7 +78,7 @@ class KernelLauncher:
         self.threads = threads
         self.dynamic_smem = dynamic_smem
         self.parameters = tuple(parameters)
-        self._num_parameters = len(self.parameters)
+        self._names = tuple(p.name for p in self.parameters)
         self.name = name
         self._configs: dict[int | tuple, LaunchConfig] = {}
         self._checked_call = False
@@ -94,14 +94,19 @@ class KernelLauncher:
         declared = [_PARAMETER_BYTES[p.kind] for p in self.parameters]
         if actual != declared:
             raise LaunchArgumentError(f"{self.name}: the cubin's parameters are {len(actual)} of sizes {actual}; "
-                                      f"kgen/layout.py declares {len(declared)} of sizes {declared}")
+                                      f"its contract declares {len(declared)} of sizes {declared}")
 
-    def _check_arguments(self, args: tuple) -> None:
-        if len(args) != len(self.parameters):
-            raise LaunchArgumentError(f"{self.name}: expected {len(self.parameters)} arguments "
-                                      f"({', '.join(p.name for p in self.parameters)}), got {len(args)}")
-        for parameter, value in zip(self.parameters, args):
-            allowed = _PARAMETER_TYPES[parameter.kind]
+    def _check_arguments(self, args: dict) -> None:
+        names = tuple(p.name for p in self.parameters)
+        if tuple(args) != names:
+            missing = [n for n in names if n not in args]
+            unknown = [n for n in args if n not in names]
+            problem = (f"missing {missing}" if missing else "") + ("; " if missing and unknown else "") + \
+                (f"unknown {unknown}" if unknown else "")
+            raise LaunchArgumentError(f"{self.name}: takes ({', '.join(names)}) by name, in that order; "
+                                      f"{problem or 'got them in another order'}")
+        for parameter in self.parameters:
+            value, allowed = args[parameter.name], _PARAMETER_TYPES[parameter.kind]
             if isinstance(value, bool) or not isinstance(value, allowed):
                 raise LaunchArgumentError(f"{self.name}: parameter {parameter.name} ({parameter.ctype}) takes "
                                           f"{' or '.join(t.__name__ for t in allowed)}, got {type(value).__name__}")
@@ -112,20 +117,22 @@ class KernelLauncher:
         config = self._configs[grid] = LaunchConfig(grid=grid, block=self.threads, shmem_size=self.dynamic_smem)
         return config
 
-    def __call__(self, grid: int | tuple, *args) -> None:
+    def __call__(self, grid: int | tuple, /, **args) -> None:
         """Launch on ``grid`` on torch's current stream of this launcher's device.
 
-        ``args`` follow the entry's parameters: Python ints for pointers and 64-bit
-        integers, ``np.float32`` for floats, tensor-map descriptors. Their count is
-        checked on every call, their types on the first.
+        ``args`` are the entry's parameters by name, in the contract's order (the
+        order is what the kernel receives, so it is checked rather than sorted:
+        one tuple comparison per call): Python ints for pointers and 64-bit
+        integers, ``np.float32`` for floats, tensor-map descriptors. Names and
+        order are checked on every call, types on the first.
         """
-        if len(args) != self._num_parameters or not self._checked_call:
+        if tuple(args) != self._names or not self._checked_call:
             self._check_arguments(args)
             self._checked_call = True
         config = self._configs.get(grid) or self._new_config(grid)
         device_index = self.device_index
         if _current_device() == device_index:
-            launch(current_stream(device_index), config, self.kernel, *args)
+            launch(current_stream(device_index), config, self.kernel, *args.values())
         else:
             with torch.cuda.device(device_index):
-                launch(current_stream(device_index), config, self.kernel, *args)
+                launch(current_stream(device_index), config, self.kernel, *args.values())

@@ -42,7 +42,7 @@ class SpecPathError(FileNotFoundError, ValueError):
 
 
 #: Family-wide keys: the file naming the template sets them, another may only repeat them.
-_FAMILY_KEYS = ("entries", "allow_spills", "min_sm", "sm_only", "score_cost", "defaults")
+_FAMILY_KEYS = ("entries", "host", "allow_spills", "min_sm", "sm_only", "score_cost", "defaults")
 
 
 def _yaml_spelling(value: Any) -> str:
@@ -110,6 +110,8 @@ class Family:
     sm_only: dict = field(default_factory=dict)
     #: Cost factors of axis values for planners (see ``score_cost`` in kgen.spec_schema).
     score_cost: dict = field(default_factory=dict)
+    #: The package whose ``contract`` module declares the family's launch contracts (None: kgen cannot launch it).
+    host: str | None = None
 
     def axis_values(self, axis: str, **fixed: Any) -> list:
         """The values of ``axis`` over the variants that agree with ``fixed``, in search-path and spec order."""
@@ -224,7 +226,7 @@ class Registry:
     def _merge(specs: list[SpecFile]) -> Family:
         owner = _template_owner(specs)
         family = Family(
-            name=owner.family, template=owner.template, entries=owner.entries,
+            name=owner.family, template=owner.template, entries=owner.entries, host=owner.host,
             template_dirs=(owner.path.parent, config.BUILTIN_TEMPLATE_DIR),
             allow_spills=owner.allow_spills, axes=tuple(owner.axes), defaults=owner.defaults,
             min_sm=owner.min_sm, config_axes=owner.config_axes, sm_only=owner.sm_only,

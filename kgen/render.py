@@ -4,8 +4,9 @@ Shared device headers (``templates/common/*.cuh``) are pulled in with Jinja's
 ``{% include %}``, so the rendered text is self-contained: what ``kgen render``
 prints is byte for byte what is compiled and what the cache key hashes.
 Undefined template variables are errors (``StrictUndefined``), never empty text.
-A family with a host-side layout (:mod:`kgen.layout`) gets it as ``layout``, so
-its template can assert that its own layout agrees.
+A family with a host package gets its launch contract (:mod:`kgen.contract`) as
+``contract``: the template renders its kernels' signatures from it and asserts
+that its own sizes agree.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import jinja2
 
 from kgen.dtypes import ELEMENT_TYPES
-from kgen.layout import layout_of
+from kgen.contract import contract_of
 from kgen.registry import Variant
 
 
@@ -43,7 +44,7 @@ def render(variant: Variant) -> str:
     family = variant.family
     params = variant.param_dict
     context = dict(params, family=family.name, variant_name=variant.name, entries=family.entries,
-                   layout=layout_of(variant))
+                   contract=contract_of(variant))
     if "dtype" in params:
         context["cuda_type"] = ELEMENT_TYPES[params["dtype"]].cuda
     try:

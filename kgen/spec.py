@@ -52,6 +52,8 @@ class SpecFile:
     family: str
     template: str | None
     entries: tuple[str, ...] | None
+    #: The Python package whose ``contract`` module declares the family's launch contracts; None: none.
+    host: str | None
     allow_spills: bool
     #: The oldest arch (``90`` for sm_90) the variants run on; None: any.
     min_sm: int | None
@@ -338,6 +340,7 @@ def load_spec_file(path: Path | str) -> SpecFile:
         family=data["family"],
         template=data.get("template"),
         entries=tuple(entries) if entries else None,
+        host=data.get("host"),
         allow_spills=data.get("allow_spills", False),
         min_sm=data.get("min_sm"),
         sm_only={axis: {str(value): tuple(sms) for value, sms in table.items()}

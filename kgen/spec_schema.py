@@ -28,6 +28,14 @@ Top-level keys besides the variant space:
     another (measured, see the spec's comment). A variant's cost is the product
     over its axis values, 1 for values not listed. Family-wide, like ``min_sm``.
 
+``host`` (optional: a Python package name, ``kgen.families.merge_states``)
+    The package that launches the family's kernels. Its module ``contract``
+    holds ``CONTRACTS``, family name -> a function of a variant's parameters
+    giving its :class:`kgen.contract.LaunchContract`: the threads, shared memory,
+    sizes and parameters the template is rendered with and the launcher checks.
+    Without it kgen builds the family but knows nothing of how to launch it.
+    Family-wide, like ``min_sm``.
+
 A family declares at most :data:`MAX_VARIANTS` variants: each file's cross
 product (the axis sizes multiplied, times the number of configs, counted
 before exclusions) and the family's pooled variants after merging files. The
@@ -102,6 +110,8 @@ SPEC_SCHEMA: dict = {
         # variants only.
         "template": {"type": "string", "pattern": r"^[\w./-]+\.j2$"},
         "entries": {"type": "array", "items": _identifier, "minItems": 1, "uniqueItems": True},
+        # The Python package that launches the family's kernels (see ``host`` above).
+        "host": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"},
         "allow_spills": {"type": "boolean"},
         # sm_50 is the oldest arch NVRTC has targeted; three digits cover sm_100 and later.
         "min_sm": {"type": "integer", "minimum": 50, "maximum": 999},

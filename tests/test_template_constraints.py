@@ -21,7 +21,7 @@ import pytest
 from kgen import config, registry
 from kgen.arch import parse as parse_arch
 from kgen.compiler import CompileError, compile_cubin
-from kgen.layout import layout_of
+from kgen.contract import contract_of
 from kgen.registry import Variant
 from kgen.render import render
 from kgen.spec_schema import AXIS_VALUE_SCHEMAS
@@ -66,7 +66,7 @@ def candidates(family: registry.Family) -> list[tuple[str, Variant]]:
 def build_passes(variant: Variant) -> bool:
     """Whether `kgen build` accepts a variant that compiled: no spills, shared memory within the limit."""
     _, record = compile_cubin(render(variant), "sm_90a", variant.name)
-    smem = layout_of(variant).dynamic_smem_bytes + max(e.static_smem_bytes for e in record.entries.values())
+    smem = contract_of(variant).dynamic_smem_bytes + max(e.static_smem_bytes for e in record.entries.values())
     return record.spills == 0 and smem <= SM90_SMEM_LIMIT
 
 
@@ -108,20 +108,22 @@ def test_every_admitted_value_compiles_into_a_tested_variant_or_fails_with_its_a
 
 
 @pytest.mark.parametrize("family_name, change, message", [
-    ("attention_prefill", {"dynamic_smem_bytes": 64}, "dynamic shared memory differs from kgen/layout.py"),
-    ("attention_prefill", {"threads": 32}, "threads per block differ from kgen/layout.py"),
+    ("attention_prefill", {"dynamic_smem_bytes": 64}, "dynamic shared memory differs from the host's contract"),
+    ("attention_prefill", {"threads": 32}, "threads per block differ from the host's contract"),
     ("attention_prefill", {"sizes": {"q_box_rows": 8, "kv_box_rows": 8, "box_span_bytes": 128}},
      "the host's TMA boxes must be one Q tile and one K/V tile high"),
-    ("attention_prefill", {"drop_parameter": True}, "parameters differ from those kgen/layout.py declares"),
-    ("merge_attention_states", {"sizes": {"tile_rows": 3}}, "rows per block differ from kgen/layout.py"),
-    ("merge_attention_states", {"drop_parameter": True}, "parameters differ from those kgen/layout.py declares"),
+    # The signature is rendered from the contract: a parameter it lacks is one the body cannot name.
+    ("attention_prefill", {"drop_parameter": True}, 'identifier "window_right" is undefined'),
+    ("merge_attention_states", {"sizes": {"tile_rows": 3}}, "rows per block differ from the host's contract"),
+    ("merge_attention_states", {"drop_parameter": True}, 'identifier "num_heads" is undefined'),
 ])
-def test_a_host_layout_that_disagrees_with_the_template_fails_to_compile(monkeypatch, family_name, change, message):
+def test_a_contract_that_disagrees_with_the_template_fails_to_compile(monkeypatch, family_name, change, message):
     import dataclasses
 
-    from kgen import layout as layout_module
+    from kgen import contract as contract_module
 
-    original = layout_module._LAYOUTS[family_name]
+    family = registry.current().family(family_name)
+    original = contract_module.contract_functions(family.host)[family_name]
 
     def disagreeing(params):
         found = original(params)
@@ -129,14 +131,14 @@ def test_a_host_layout_that_disagrees_with_the_template_fails_to_compile(monkeyp
             return dataclasses.replace(found, parameters={e: p[:-1] for e, p in found.parameters.items()})
         return dataclasses.replace(found, **change)
 
-    monkeypatch.setitem(layout_module._LAYOUTS, family_name, disagreeing)
-    layout_module._layout.cache_clear()
+    monkeypatch.setitem(contract_module.contract_functions(family.host), family_name, disagreeing)
+    contract_module._contract.cache_clear()
     try:
-        variant = registry.current().family(family_name).variants[0]
+        variant = family.variants[0]
         with pytest.raises(CompileError, match=message):
             compile_cubin(render(variant), "sm_90a", variant.name)
     finally:
-        layout_module._layout.cache_clear()
+        contract_module._contract.cache_clear()
 
 
 # The gated delta rule's chunk kernels: a few values the schema admits but the templates cannot run,

@@ -50,7 +50,7 @@ __device__ __forceinline__ void load_tile_cp_async(unsigned tile, const T* gmem,
     }
     __syncthreads();
 
-    const TileWork tile = tile_work(work, cu_seqlens_q, cu_seqlens_k, heads_per_kv, window_left_, window_right_);
+    const TileWork tile = tile_work(work, cu_seqlens_q, cu_seqlens_k, heads_per_kv, window_left, window_right);
 
     // Which tiles TMA loads: full ones, or all of them unless incomplete ones take cp.async.
     auto by_tma = [&](int first_row, int rows, int length) { return !kCpAsyncTail || first_row + rows <= length; };

@@ -122,7 +122,7 @@ __device__ __forceinline__ void issue_pv(RowState& state, Probabilities& p, unsi
     }
     __syncthreads();
 
-    const TileWork tile = tile_work(work, cu_seqlens_q, cu_seqlens_k, heads_per_kv, window_left_, window_right_);
+    const TileWork tile = tile_work(work, cu_seqlens_q, cu_seqlens_k, heads_per_kv, window_left, window_right);
     const int num_tiles = max(tile.n_end - tile.n_begin, 0);
     const int warp = kgen::warp_index(), lane = threadIdx.x % 32;
 

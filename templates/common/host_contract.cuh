@@ -1,4 +1,4 @@
-// Checks that a kernel agrees with what the host computed for it (kgen/layout.py):
+// Checks that a kernel agrees with what the host computed for it (the host's contract):
 // a template static_asserts its shared-memory size, block size, tile rows and
 // signature against the values rendered into it, so a mismatch fails to compile.
 namespace kgen {

@@ -1,4 +1,4 @@
-"""Merging partial attention states: the combine step of split-KV decode and context-parallel attention.
+"""Merging partial attention states, eagerly: checks, variant choice and launch.
 
 A partial state is an attention output ``v`` normalised over some subset of the
 keys and the log-sum-exp ``lse`` (natural log) of that subset's scores. Merging
@@ -12,9 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from kgen.launch import KernelLauncher
-from kgen.ops import library
-from kgen.ops._checks import check_dense_rows, check_shape, check_tensor, refuse_grad
-from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes, tail_pair
+from kgen.runtime.checks import check_dense_rows, check_shape, check_tensor
+from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, contract, incomplete_tile_pair, launcher, spec_dtypes
 
 FAMILY = "merge_attention_states"
 _MAX_ROWS = 2**31 - 1  # the kernel indexes (token, head) rows with 32-bit integers
@@ -23,7 +22,7 @@ _MAX_ROWS = 2**31 - 1  # the kernel indexes (token, head) rows with 32-bit integ
 @dataclass
 class _Kernels:
     tile_rows: int
-    two: tuple[KernelLauncher, KernelLauncher]  # (with tail, without tail)
+    two: tuple[KernelLauncher, KernelLauncher]  # (has_incomplete_tile true, false)
     stacked: tuple[KernelLauncher, KernelLauncher]
 
 
@@ -35,8 +34,8 @@ def _kernels(device_index: int, head_dim: int, dtype: torch.dtype) -> _Kernels:
     found = _dispatch.get(key)
     if found is not None:
         return found
-    variants = tail_pair(FAMILY, head_dim=head_dim, dtype=DTYPE_NAMES[dtype])
-    tile_rows = {layout(v).sizes["tile_rows"] for v in variants}
+    variants = incomplete_tile_pair(FAMILY, head_dim=head_dim, dtype=DTYPE_NAMES[dtype])
+    tile_rows = {contract(v).sizes["tile_rows"] for v in variants}
     if len(tile_rows) != 1:
         raise ValueError(f"{FAMILY}: the variants {variants[0].name} and {variants[1].name} tile rows differently")
     kernels = _Kernels(
@@ -81,11 +80,12 @@ def _outputs(out, lse_out, shape, dtype: torch.dtype, device_index: int, like_v:
     return out, lse_out
 
 
-def _launch(kernels: _Kernels, pair: tuple[KernelLauncher, KernelLauncher], rows: int, *args: int) -> None:
-    """Launch the tail or no-tail kernel over ``rows``; every argument is a pointer or an int64 scalar."""
+def _launch(kernels: _Kernels, pair: tuple[KernelLauncher, KernelLauncher], rows: int, **args: int) -> None:
+    """Launch the kernel for an incomplete last tile or the one for full tiles over ``rows``; every argument is
+    a pointer or an int64 scalar."""
     tile_rows = kernels.tile_rows
     kernel = pair[0] if rows % tile_rows else pair[1]
-    kernel(-(-rows // tile_rows), *args)
+    kernel(-(-rows // tile_rows), **args)
 
 
 def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Tensor, lse_b: torch.Tensor, *,
@@ -106,9 +106,6 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
 
     No host synchronisation; safe to capture in a CUDA graph.
     """
-    refuse_grad("merge_attention_states", v_a, v_b)
-    if torch.compiler.is_compiling():
-        return library.merge_attention_states(v_a, lse_a, v_b, lse_b, out=out, lse_out=lse_out)
     # One cheap test for the common, valid call (about 1 us); the detailed checks name what is wrong.
     try:
         device_index, shape, dtype = v_a.get_device(), v_a.shape, v_a.dtype
@@ -139,10 +136,12 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
     if rows == 0:
         return v, lse
     kernels = _kernels(device_index, head_dim, dtype)
+    lse_a_stride_t, lse_a_stride_h = lse_a.stride()
+    lse_b_stride_t, lse_b_stride_h = lse_b.stride()
     _launch(kernels, kernels.two, rows,
-            ptr_a, lse_a.data_ptr(), *lse_a.stride(),
-            ptr_b, lse_b.data_ptr(), *lse_b.stride(),
-            v.data_ptr(), lse.data_ptr(), rows, heads)
+            v_a=ptr_a, lse_a=lse_a.data_ptr(), lse_a_stride_t=lse_a_stride_t, lse_a_stride_h=lse_a_stride_h,
+            v_b=ptr_b, lse_b=lse_b.data_ptr(), lse_b_stride_t=lse_b_stride_t, lse_b_stride_h=lse_b_stride_h,
+            v_out=v.data_ptr(), lse_out=lse.data_ptr(), num_rows=rows, num_heads=heads)
     return v, lse
 
 
@@ -162,9 +161,6 @@ def merge_attention_states_n(v: torch.Tensor, lse: torch.Tensor, *,
 
     No host synchronisation; safe to capture in a CUDA graph.
     """
-    refuse_grad("merge_attention_states_n", v)
-    if torch.compiler.is_compiling():
-        return library.merge_attention_states_n(v, lse, out=out, lse_out=lse_out)
     try:
         device_index, shape, dtype = v.get_device(), v.shape, v.dtype
         valid = (device_index >= 0 and dtype in DTYPE_NAMES and len(shape) == 4 and v.is_contiguous()
@@ -185,7 +181,9 @@ def merge_attention_states_n(v: torch.Tensor, lse: torch.Tensor, *,
     if rows == 0:
         return out, lse_out
     kernels = _kernels(device_index, head_dim, dtype)
+    lse_stride_s, lse_stride_t, lse_stride_h = lse.stride()
     _launch(kernels, kernels.stacked, rows,
-            v.data_ptr(), lse.data_ptr(), partials, v.stride(0), *lse.stride(),
-            out.data_ptr(), lse_out.data_ptr(), rows, heads)
+            v=v.data_ptr(), lse=lse.data_ptr(), num_partials=partials, v_stride_s=v.stride(0),
+            lse_stride_s=lse_stride_s, lse_stride_t=lse_stride_t, lse_stride_h=lse_stride_h,
+            v_out=out.data_ptr(), lse_out=lse_out.data_ptr(), num_rows=rows, num_heads=heads)
     return out, lse_out

@@ -23,15 +23,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kgen import registry, tma
+from kgen import registry
+from kgen.runtime import tma
 from kgen.launch import current_device
-from kgen.layout import GDN_CHAIN_COLUMNS, GDN_SEGMENT_FIELDS
-from kgen.ops import library, recipes
-from kgen.ops._checks import (INT32_LIMIT, check_dense_rows, check_int, check_scale, check_shape, check_tensor,
-                              cuda_device, refuse_grad)
-from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, spec_dtypes, tail_pair
-from kgen.ops.attention_plan import seqlens_from_cu
-from kgen.ops.gdn_plan import ChunkSchedule, RecurrenceCosts, plan_chunks
+from kgen.families.gated_delta_rule.contract import GDN_CHAIN_COLUMNS, GDN_SEGMENT_FIELDS
+from kgen.runtime import recipes
+from kgen.runtime.checks import (INT32_LIMIT, check_dense_rows, check_int, check_scale, check_shape, check_tensor,
+                              cuda_device)
+from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, launcher, spec_dtypes, incomplete_tile_pair
+from kgen.families.attention_prefill.plan import seqlens_from_cu
+from kgen.families.gated_delta_rule.chunk_plan import ChunkSchedule, RecurrenceCosts, plan_chunks
 
 KKT_FAMILY = "gated_delta_rule_kkt"
 CHUNK_FAMILY = "gated_delta_rule_chunk"
@@ -67,7 +68,7 @@ class ChunkGatedDeltaRulePlan:
     #: int32 [sequences split, 3]: sequence, first summary slot, summaries.
     chains: np.ndarray
     num_summaries: int
-    #: The plan's inputs as plain ints, its split forced (see kgen.ops.recipes): num_heads_v, head_dim,
+    #: The plan's inputs as plain ints, its split forced (see kgen.runtime.recipes): num_heads_v, head_dim,
     #: value_slice, segment_chunks, N, then cu_seqlens.
     recipe: tuple = ()
     _tables: dict = field(default_factory=dict, repr=False)
@@ -217,8 +218,8 @@ def _kernels_for(device_index: int, head_dim: int, dtype: torch.dtype, state_lay
     if found is not None:
         return found
     dtype_name = DTYPE_NAMES[dtype]
-    kkt = tail_pair(KKT_FAMILY, head_dim=head_dim, dtype=dtype_name)[0 if has_tail else 1]
-    chunk = tail_pair(CHUNK_FAMILY, head_dim=head_dim, dtype=dtype_name, state_layout=state_layout,
+    kkt = incomplete_tile_pair(KKT_FAMILY, head_dim=head_dim, dtype=dtype_name)[0 if has_tail else 1]
+    chunk = incomplete_tile_pair(CHUNK_FAMILY, head_dim=head_dim, dtype=dtype_name, state_layout=state_layout,
                       tile_n=value_slice)[0 if has_tail else 1]
     return _kernels.put(key, (launcher(kkt, "gated_delta_rule_kkt", device_index),
                               launcher(chunk, "gated_delta_rule_chunk", device_index),
@@ -247,12 +248,6 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         plan: from :func:`plan_chunk_gated_delta_rule` for these sequences.
         out: optional preallocated o (contiguous, v's shape and dtype).
     """
-    refuse_grad("chunk_gated_delta_rule", q, k, v, g, beta, initial_state)
-    if torch.compiler.is_compiling():
-        return library.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                              output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout,
-                                              plan=plan, out=out)
     dtypes = spec_dtypes(CHUNK_FAMILY)
     check_tensor("q", q, ndim=4, dtypes=dtypes)
     device = q.device

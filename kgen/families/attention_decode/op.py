@@ -2,7 +2,7 @@
 
 Each request has ``Lq`` (1..8) new query tokens, the last ``Lq`` positions of its ``seqlens_k[b]``
 keys and causal among themselves. A plan, made once on the host from the lengths, fixes the grid
-(splits per request, see :mod:`kgen.ops.decode_plan`), the kernel variant and the workspace of
+(splits per request, see :mod:`kgen.families.attention_decode.plan`), the kernel variant and the workspace of
 split partials; with a plan the op does no device-to-host synchronisation and can be captured in
 a CUDA graph that survives new lengths.
 """
@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kgen import registry, tma
-from kgen.layout import DECODE_ROWS_PER_BLOCK
-from kgen.ops import library, recipes
-from kgen.ops._checks import (INT32_LIMIT, check_int, check_rows, check_seqlens, check_shape, check_tensor, cuda_device,
-                              refuse_grad)
-from kgen.ops._dispatch import (DTYPE_NAMES, DispatchCache, cached_launcher, kept_allocations, layout, spec_dtypes,
-                                without_tail)
-from kgen.ops.attention import softmax_scale_log2
-from kgen.ops.decode_plan import SplitPlan, max_request_tiles, plan_splits, request_tiles
+from kgen import registry
+from kgen.runtime import tma
+from kgen.families.attention_decode.contract import DECODE_ROWS_PER_BLOCK
+from kgen.runtime import recipes
+from kgen.runtime.checks import (INT32_LIMIT, check_int, check_rows, check_seqlens, check_shape, check_tensor, cuda_device)
+from kgen.runtime.dispatch import (DTYPE_NAMES, DispatchCache, cached_launcher, kept_allocations, contract, spec_dtypes,
+                                full_tiles_twin)
+from kgen.families.attention_prefill.op import softmax_scale_log2
+from kgen.families.attention_decode.plan import SplitPlan, max_request_tiles, plan_splits, request_tiles
 from kgen.registry import UnsupportedVariantError, Variant
 
 FAMILY = "attention_decode"
@@ -55,7 +55,7 @@ class DecodePlan:
     variant: Variant
     splits: SplitPlan
     row_groups: int
-    #: The plan's inputs as plain ints, its kernel's choices forced (see kgen.ops.recipes).
+    #: The plan's inputs as plain ints, its kernel's choices forced (see kgen.runtime.recipes).
     recipe: tuple = ()
     #: [partial O, partial LSE, counters] once placed on a device (empty without splits).
     _workspace: list = field(default_factory=list, repr=False)
@@ -100,7 +100,7 @@ def _variant(head_dim: int, dtype: torch.dtype, paged: bool, kv_load: str | None
     family = registry.current().family(FAMILY)
     with_tail = family.select(head_dim=head_dim, dtype=DTYPE_NAMES[dtype], kv_layout="paged" if paged else "contiguous",
                               has_incomplete_tile=True, **wanted)
-    return with_tail if has_incomplete_tile else without_tail(FAMILY, with_tail)
+    return with_tail if has_incomplete_tile else full_tiles_twin(FAMILY, with_tail)
 
 
 def plan_attention_decode(seqlens_k, *, num_heads_q: int, num_heads_kv: int, head_dim: int, q_len: int = 1,
@@ -155,7 +155,7 @@ def plan_attention_decode(seqlens_k, *, num_heads_q: int, num_heads_kv: int, hea
     if paged:
         check_int("page_size", page_size, minimum=1, maximum=INT32_LIMIT)
     first = _variant(head_dim, dtype, paged, kv_load, tail, True)
-    sizes = layout(first).sizes
+    sizes = contract(first).sizes
     slice_keys, warps = sizes["kv_box_rows"], sizes["cta_keys"] // sizes["kv_box_rows"]
     if kv_load is None and paged and page_size % slice_keys:  # boxes of a slice must lie within one page
         first = _variant(head_dim, dtype, paged, "cp_async", tail, True)
@@ -186,7 +186,7 @@ def plan_attention_decode(seqlens_k, *, num_heads_q: int, num_heads_kv: int, hea
             raise UnsupportedVariantError(
                 f"{FAMILY}: a split grid needs a config of min_blocks_per_sm 1 with the tile_n and num_warps of the "
                 f"single-pass variant {first.name}, in whose CTA tiles the splits are counted ({exc})") from None
-    variant = first if partial_slices else without_tail(FAMILY, first)
+    variant = first if partial_slices else full_tiles_twin(FAMILY, first)
     chosen = variant.param_dict
     recipe = (num_heads_q, num_heads_kv, head_dim, q_len, recipes.code(recipes.DTYPES, dtype),
               recipes.NONE if page_size is None else page_size, window_left, max_seqlen_k if bounded else recipes.NONE,
@@ -280,10 +280,6 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         the kernel refuses on the device (a length past the cache's capacity; a block-table entry
         outside the cache; with a plan for whole slices only, a length that ends mid-slice) gets NaN.
     """
-    refuse_grad("attention_decode", q, k_cache, v_cache)
-    if torch.compiler.is_compiling():
-        return library.attention_decode(q, k_cache, v_cache, seqlens_k, block_table=block_table, window_left=window_left,
-                                        sink=sink, softmax_scale=softmax_scale, return_lse=return_lse, plan=plan, out=out)
     dtypes = spec_dtypes(FAMILY)
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         check_tensor("q", q, ndim=4, dtypes=dtypes)  # names what is wrong unless q is a 4-D tensor
@@ -362,7 +358,7 @@ def _launch(plan: DecodePlan, q, k_cache, v_cache, seqlens_k, block_table, sink,
         key = (threading.get_ident(), device.index, variant.name, tuple(k_cache.shape), k_cache.stride(), v_cache.stride())
         found = _maps.get(key)
         if found is None:
-            sizes = layout(variant).sizes
+            sizes = contract(variant).sizes
             found = _maps.put(key, tma.TensorMaps({"k": sizes["kv_box_rows"], "v": sizes["kv_box_rows"]},
                                                   sizes["box_span_bytes"]))
         maps = (found.get("k", _flat_rows("k_cache", k_cache)), found.get("v", _flat_rows("v_cache", v_cache)))

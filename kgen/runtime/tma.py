@@ -1,7 +1,7 @@
 """The host half of ``templates/common/tma.cuh``: TMA descriptors for a kernel's tiles.
 
 A descriptor describes a tensor's layout and the box one copy moves; the box
-comes from the kernel's layout (:mod:`kgen.layout`), so host and kernel agree
+comes from the kernel's launch contract (:mod:`kgen.contract`), so host and kernel agree
 on it by construction. Descriptors are built by cuda.core
 (``StridedMemoryView.as_tensor_map``); a tensor at a new address with the same
 layout only patches its descriptor (about 2 us instead of 7 to build one).
@@ -9,7 +9,9 @@ layout only patches its descriptor (about 2 us instead of 7 to build one).
 
 from __future__ import annotations
 
-from typing import Mapping
+import threading
+from collections import OrderedDict
+from typing import Callable, Mapping
 
 import torch
 from cuda.core.utils import StridedMemoryView
@@ -75,3 +77,27 @@ class TensorMaps:
             entry[0].replace_address(_view(t))
             entry[1] = address
         return entry[0]
+
+
+class DescriptorCache:
+    """The :class:`TensorMaps` of an op's launches, per calling thread and tensor layout, bounded.
+
+    A patch must not race another thread's launch, and a new layout needs new descriptors; layouts
+    come and go with batch shapes, so the least recently used set is dropped past ``capacity``.
+    """
+
+    def __init__(self, capacity: int = 16):
+        self._capacity = capacity
+        self._entries: OrderedDict[tuple, TensorMaps] = OrderedDict()
+
+    def get(self, key: tuple, make: Callable[[], TensorMaps]) -> TensorMaps:
+        """The maps of ``key`` (the caller's layout key; the calling thread is added here)."""
+        key = (threading.get_ident(),) + key
+        found = self._entries.get(key)
+        if found is None:
+            found = self._entries[key] = make()
+            if len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(key)
+        return found

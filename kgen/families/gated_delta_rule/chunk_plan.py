@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kgen.ops._checks import check_int, check_seqlens
+from kgen.runtime.checks import check_int, check_seqlens
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,4 +1,4 @@
-"""From an op's request to launchable kernels: variant choice, tail specialisation, per-device caching."""
+"""From an op's request to launchable kernels: variant choice, the incomplete-tile twins, per-device caching."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from kgen import jit, registry as registry_module
 from kgen.dtypes import ELEMENT_TYPES
 from kgen.launch import KernelLauncher
-from kgen.layout import KernelLayout, layout_of
+from kgen.contract import LaunchContract, contract_of
 from kgen.registry import Variant
 
 #: torch dtype -> the spec's dtype name, for every element type kgen knows.
@@ -26,34 +26,34 @@ def spec_dtypes(family: str) -> tuple[torch.dtype, ...]:
     return found
 
 
-def tail_pair(family: str, **required: Any) -> tuple[Variant, Variant]:
-    """The (with-tail, without-tail) variants for ``required``: see :func:`without_tail`."""
-    with_tail = registry_module.current().family(family).select(**required, has_incomplete_tile=True)
-    return with_tail, without_tail(family, with_tail)
+def incomplete_tile_pair(family: str, **required: Any) -> tuple[Variant, Variant]:
+    """The (has_incomplete_tile=true, =false) variants for ``required``: see :func:`full_tiles_twin`."""
+    any_tiles = registry_module.current().family(family).select(**required, has_incomplete_tile=True)
+    return any_tiles, full_tiles_twin(family, any_tiles)
 
 
-def without_tail(family: str, with_tail: Variant) -> Variant:
-    """The has_incomplete_tile=false twin of ``with_tail`` (same other parameters).
+def full_tiles_twin(family: str, any_tiles: Variant) -> Variant:
+    """The has_incomplete_tile=false twin of ``any_tiles`` (same other parameters).
 
     It runs when every tile of a batch is full; when the spec declares none,
-    the with-tail variant serves both.
+    the has_incomplete_tile=true variant serves both.
     """
     fam = registry_module.current().family(family)
-    params = dict(with_tail.params, has_incomplete_tile=False)
-    return next((v for v in fam.variants if v.param_dict == params), with_tail)
+    params = dict(any_tiles.params, has_incomplete_tile=False)
+    return next((v for v in fam.variants if v.param_dict == params), any_tiles)
 
 
-def layout(variant: Variant) -> KernelLayout:
-    found = layout_of(variant)
+def contract(variant: Variant) -> LaunchContract:
+    found = contract_of(variant)
     if found is None:
-        raise LookupError(f"{variant.name}: kgen/layout.py has no layout for family {variant.family.name!r}")
+        raise LookupError(f"{variant.name}: family {variant.family.name!r} names no host package")
     return found
 
 
 def launcher(variant: Variant, entry: str, device_index: int) -> KernelLauncher:
     """``entry`` of ``variant`` loaded for ``device_index``, launched with the block, shared memory and
-    parameters of the variant's layout."""
-    shape = layout(variant)
+    parameters of the variant's contract."""
+    shape = contract(variant)
     with torch.cuda.device(device_index):
         kernel = jit.load(variant).kernel(entry)
         threads, dynamic_smem = shape.launch_shape(entry)

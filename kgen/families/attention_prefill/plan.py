@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from kgen.ops._checks import INT32_LIMIT, check_int, check_seqlens
+from kgen.runtime.checks import INT32_LIMIT, check_int, check_seqlens
 
 _CU_DTYPES = (torch.int32, torch.int64)
 

@@ -30,3 +30,4 @@ def cumulative(lengths: Sequence[int]) -> list[int]:
     for n in lengths:
         out.append(out[-1] + int(n))
     return out
+

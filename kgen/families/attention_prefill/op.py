@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kgen import arch, config, registry, tma
+from kgen import arch, config, registry
+from kgen.runtime import tma
 from kgen.launch import current_device
-from kgen.ops import library, recipes
-from kgen.ops._checks import check_rows, check_tensor, refuse_grad
-from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, cached_launcher, layout, spec_dtypes, without_tail
+from kgen.runtime import recipes
+from kgen.runtime.checks import check_rows, check_tensor
+from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, cached_launcher, contract, spec_dtypes, full_tiles_twin
 from kgen.registry import UnsupportedVariantError, Variant
-from kgen.ops.attention_plan import TileSchedule, choose_schedule, plan_tiles, seqlens_from_cu, validate_window
+from kgen.families.attention_prefill.plan import TileSchedule, choose_schedule, plan_tiles, seqlens_from_cu, validate_window
 
 FAMILY = "attention_prefill"
 _LOG2E = 1.4426950408889634
@@ -139,7 +140,7 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     without a GPU): wgmma's and then mma_sync's on sm_90a, mma_sync's elsewhere. Among the tile
     shapes it lists for them, the first is used unless it computes many more masked or
     padded scores for this batch than another (see
-    :func:`kgen.ops.attention_plan.choose_schedule`); ``tile_m`` and ``tile_n`` force a tile size, and ``mma``
+    :func:`kgen.families.attention_prefill.plan.choose_schedule`); ``tile_m`` and ``tile_n`` force a tile size, and ``mma``
     (``"wgmma"`` or ``"mma_sync"``) one kernel, which must run on the arch.
     The work list is copied to ``device`` now if given, else to the device of the first
     call that uses the plan. ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's
@@ -159,7 +160,7 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
                             causal=causal, window=window) for v in candidates]
     chosen = choose_schedule(schedules, [v.score_cost for v in candidates])
     with_tail, schedule = candidates[chosen], schedules[chosen]
-    variant = with_tail if schedule.has_incomplete_tile else without_tail(FAMILY, with_tail)
+    variant = with_tail if schedule.has_incomplete_tile else full_tiles_twin(FAMILY, with_tail)
     work = torch.from_numpy(schedule.work)
     # [work list, whether it may still move to the first device that uses it]
     placed = [work, True] if device is None else [work.to(torch.device(device)), False]
@@ -245,11 +246,6 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ``out`` ``[total_q, Hq, D]`` in q's dtype, or ``(out, lse)``. Rows with no key to
         attend (and no sink) are 0 with LSE -inf.
     """
-    refuse_grad("attention_varlen", q, k, v)
-    if torch.compiler.is_compiling():
-        return library.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, sink=sink,
-                                        softmax_scale=softmax_scale, return_lse=return_lse, plan=plan, out=out,
-                                        lse_out=lse_out)
     # A call shaped like an earlier one of the same plan (layouts, dtypes, devices, options, calling
     # thread) reuses what the checks established and launches with the new addresses: the hot path of
     # a model. Anything unusual (no plan, options of unusual types) takes the checks every time.
@@ -363,7 +359,7 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
     num_work = work.shape[0]
     if not (num_work and heads_q):
         return _PreparedCall(q.device.index, None, None, None, (), work, (), out_shape, lse_shape)
-    kernel = layout(plan.variant)
+    kernel = contract(plan.variant)
     sizes = kernel.sizes
     # The kernel's row strides of out and lse are those of contiguous tensors (checked above, or new).
     tail_args = (heads_q // heads_kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -13,9 +13,8 @@ import torch
 
 from kgen import registry
 from kgen.launch import KernelLauncher
-from kgen.ops import library
-from kgen.ops._checks import check_dense_rows, check_scale, check_shape, check_tensor, refuse_grad
-from kgen.ops._dispatch import DTYPE_NAMES, DispatchCache, launcher, layout, spec_dtypes
+from kgen.runtime.checks import check_dense_rows, check_scale, check_shape, check_tensor
+from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, launcher, contract, spec_dtypes
 
 STEP_FAMILY = "gated_delta_rule_step"
 _MAX_GRID_YZ = 65535  # v-heads and sequences are the grid's y and z dimensions
@@ -35,7 +34,7 @@ def _step_kernel(device_index: int, head_dim: int, dtype: torch.dtype, state_lay
     variant = registry.current().family(STEP_FAMILY).select(head_dim=head_dim, dtype=DTYPE_NAMES[dtype],
                                                             state_layout=state_layout)
     return _step_kernels.put(key, (launcher(variant, "gated_delta_rule_step", device_index),
-                                   layout(variant).sizes["v_slice"]))
+                                   contract(variant).sizes["v_slice"]))
 
 
 def _check_contiguous(name: str, t: torch.Tensor) -> None:
@@ -60,11 +59,6 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         scale: default K^-1/2. use_qk_l2norm_in_kernel: normalise q and k over K first (eps 1e-6).
         out: optional preallocated o (contiguous ``[B, HV, V]`` in q's dtype).
     """
-    refuse_grad("gated_delta_rule_step", q, k, v, g, beta, state)
-    if torch.compiler.is_compiling():
-        return library.gated_delta_rule_step(q, k, v, g, beta, state, scale=scale, state_indices=state_indices,
-                                             state_layout=state_layout, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                             out=out)
     dtypes = spec_dtypes(STEP_FAMILY)
     check_tensor("q", q, ndim=3, dtypes=dtypes)
     device = q.device

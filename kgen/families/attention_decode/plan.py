@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kgen.ops._checks import check_int
+from kgen.runtime.checks import check_int
 
 
 def request_tiles(seqlens: np.ndarray, *, q_len: int, window_left: int, slice_keys: int, warps: int) -> np.ndarray:

@@ -1,0 +1,69 @@
+"""The gated delta rule kernels' launch contracts (see :mod:`kgen.contract`)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from kgen.contract import LaunchContract, SWIZZLE_ALIGNMENT, parameters
+from kgen.dtypes import ELEMENT_TYPES
+
+
+_GDN_STEP_PARAMETERS = parameters(
+    "const T* q, const T* k, const T* v, const float* g, const void* beta, long long beta_is_fp32, float* state, "
+    "const int* state_indices, T* out, long long num_heads, long long num_heads_v, float scale, "
+    "long long use_qk_l2norm")
+
+
+def _gated_delta_rule_step(params: Mapping[str, Any]) -> LaunchContract:
+    # A block per (value slice, v-head, sequence); its reductions use static shared memory only.
+    return LaunchContract(threads=params["num_warps"] * 32, dynamic_smem_bytes=0,
+                        sizes={"v_slice": params["tile_n"]},
+                        parameters={"gated_delta_rule_step": _GDN_STEP_PARAMETERS})
+
+
+_GDN_KKT_PARAMETERS = parameters(
+    "const T* k, const float* g, const void* beta, long long beta_is_fp32, const int* chunks, T* tbeta, "
+    "long long num_heads, long long num_heads_v, long long use_qk_l2norm")
+
+
+def _gated_delta_rule_kkt(params: Mapping[str, Any]) -> LaunchContract:
+    # A block per (chunk, q/k head); static shared memory only.
+    return LaunchContract(threads=params["num_warps"] * 32, dynamic_smem_bytes=0, sizes={"chunk": params["tile_m"]},
+                        parameters={"gated_delta_rule_kkt": _GDN_KKT_PARAMETERS})
+
+
+_GDN_RECURRENCE_PARAMETERS = parameters(
+    "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, kgen::TmaDescriptor map_tbeta, "
+    "const T* q, const T* k, const T* v, const float* g, const T* tbeta, const int* segments, "
+    "const float* initial_state, const float* start_states, float* summary, T* out, float* final_state, "
+    "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm")
+#: Fields of a segment row (kgen/ops/gdn_plan.py writes them, the recurrence reads them).
+GDN_SEGMENT_FIELDS = 8
+#: The chain's block: value columns per block and threads.
+GDN_CHAIN_COLUMNS, GDN_CHAIN_THREADS = 32, 256
+
+
+def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
+    itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
+    chunk, head_dim, slice_v = params["tile_m"], params["head_dim"], params["tile_n"]
+    # K twice, Q, the V slice and Tbeta once; S^T's 16-bit copy; W (then Vn) and decayed Vn; five
+    # mbarriers and q's and k's l2norm row scales, padded to 64 bytes; from a swizzle-aligned base.
+    elements = 3 * chunk * head_dim + chunk * slice_v + chunk * chunk + head_dim * slice_v + 2 * chunk * slice_v
+    small_bytes = -(-(5 * 8 + 2 * chunk * 4) // 64) * 64
+    return LaunchContract(
+        threads=params["num_warps"] * 32, dynamic_smem_bytes=SWIZZLE_ALIGNMENT + elements * itemsize + small_bytes,
+        sizes={"value_slice": slice_v, "chunk": chunk, "segment_fields": GDN_SEGMENT_FIELDS, "box_span_bytes": 128,
+               "chain_columns": GDN_CHAIN_COLUMNS, "chain_threads": GDN_CHAIN_THREADS},
+        parameters={"gated_delta_rule_chunk": _GDN_RECURRENCE_PARAMETERS,
+                    "gated_delta_rule_chunk_summary": _GDN_RECURRENCE_PARAMETERS,
+                    "gated_delta_rule_chunk_chain": parameters(
+                        "const float* summary, const float* initial_state, float* start_states, const int* chains, "
+                        "long long num_heads_v")},
+        entry_threads={"gated_delta_rule_chunk_chain": GDN_CHAIN_THREADS})
+
+
+CONTRACTS = {
+    "gated_delta_rule_step": _gated_delta_rule_step,
+    "gated_delta_rule_kkt": _gated_delta_rule_kkt,
+    "gated_delta_rule_chunk": _gated_delta_rule_chunk,
+}
