@@ -36,8 +36,7 @@ import torch
 
 from kgen.ops import (AttentionPlan, ChunkGatedDeltaRulePlan, attention_varlen, chunk_gated_delta_rule,
                       merge_attention_states, plan_attention_varlen, plan_chunk_gated_delta_rule)
-from kgen.runtime.checks import check_int
-from kgen.families.attention_prefill.plan import seqlens_from_cu
+from kgen.runtime.checks import check_int, seqlens_from_cu
 
 #: Regions of a rank's local tokens: the fronts (chunk r of every sequence) and the backs (chunk 2W-1-r),
 #: each packed per sequence (so a region is a varlen batch of its own).

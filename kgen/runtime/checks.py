@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Iterable, Sequence
 
@@ -13,6 +14,10 @@ from kgen.launch import current_device
 #: The kernels index tokens, offsets and window bounds with 32-bit integers, and
 #: cu_seqlens reach the device as int32: every length, total and window stays below this.
 INT32_LIMIT = 2**31 - 1
+_LOG2E = 1.4426950408889634
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: The dtypes cumulative sequence lengths may have.
+_CU_DTYPES = (torch.int32, torch.int64)
 
 
 def check_tensor(name: str, t, *, ndim: int, dtypes: Iterable[torch.dtype], device: torch.device | None = None) -> None:
@@ -93,3 +98,70 @@ def refuse_grad(op: str, *tensors) -> None:
     (anything not a tensor is left to the argument checks)."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
         raise RuntimeError(f"{op} has no backward: call it under torch.no_grad() or on detached tensors")
+
+
+def check_sink(sink, heads_q: int, device: torch.device) -> None:
+    """Attention's optional sink: fp32 ``[Hq]``, one logit per query head, contiguous, on ``device``."""
+    if sink is None:
+        return
+    check_tensor("sink", sink, ndim=1, dtypes=(torch.float32,), device=device)
+    if sink.shape[0] != heads_q or not sink.is_contiguous():
+        raise ValueError(f"sink: expected a contiguous [{heads_q}] tensor (one logit per query head), got {tuple(sink.shape)}")
+
+
+def softmax_scale_log2(softmax_scale, head_dim: int) -> np.float32:
+    """The kernel's score scale in the log2 domain; ``softmax_scale`` must be a finite positive fp32 number."""
+    if softmax_scale is None:
+        return np.float32(_LOG2E / math.sqrt(head_dim))
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.floating)):
+        raise TypeError(f"softmax_scale: expected a float, got {type(softmax_scale).__name__} {softmax_scale!r}")
+    scale = float(softmax_scale)
+    # The kernel takes row maxima of unscaled scores, so the scale must be positive; it is an fp32 there.
+    if not (math.isfinite(scale) and 0 < scale and scale * _LOG2E <= _FLOAT32_MAX and np.float32(scale) > 0):
+        raise ValueError(f"softmax_scale: expected a finite positive number representable in fp32, got {softmax_scale!r}")
+    return np.float32(scale * _LOG2E)
+
+
+def seqlens_from_cu(cu: Sequence[int] | torch.Tensor, name: str) -> list[int]:
+    """The sequence lengths described by cumulative lengths ``cu`` (``[0, n0, n0 + n1, ...]``).
+
+    ``cu`` is a list or tuple of ints, or a CPU int32/int64 1-D tensor; ``name``
+    is the argument's name for error messages.
+    """
+    if isinstance(cu, torch.Tensor):
+        if cu.is_cuda:
+            raise ValueError(f"{name}: attention plans are built from host data, and reading a CUDA tensor "
+                             f"would force a device->host sync; pass a CPU tensor or a list of ints instead")
+        if cu.device.type != "cpu":
+            raise ValueError(f"{name}: expected a CPU tensor or a list of ints, got a tensor on {cu.device}")
+        if cu.dim() != 1:
+            raise ValueError(f"{name}: expected a 1-D tensor, got shape {tuple(cu.shape)}")
+        if cu.dtype not in _CU_DTYPES:
+            raise TypeError(f"{name}: expected dtype in {[str(d) for d in _CU_DTYPES]}, got {cu.dtype}")
+        values = cu.numpy().astype(np.int64)
+    elif isinstance(cu, (list, tuple)):
+        if not all(type(value) is int for value in cu):  # the common case, without a call per entry
+            for i, value in enumerate(cu):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise TypeError(f"{name}[{i}]: expected an int, got {type(value).__name__} {value!r}")
+        # Checked before numpy sees them: 2**63 would overflow int64.
+        if cu and not (-INT32_LIMIT <= min(cu) and max(cu) <= INT32_LIMIT):
+            raise ValueError(f"{name}: entries must be at most {INT32_LIMIT} in magnitude (cu_seqlens reach the "
+                             f"kernels as int32), got values from {min(cu)} to {max(cu)}")
+        values = np.array(cu, dtype=np.int64).reshape(-1)
+    else:
+        raise TypeError(f"{name}: expected a list or tuple of ints or a CPU int32/int64 1-D tensor, "
+                        f"got {type(cu).__name__}")
+    if not values.size:
+        raise ValueError(f"{name}: expected at least one entry (the leading 0), got none")
+    if values[0] != 0:
+        raise ValueError(f"{name}: must start at 0, got {name}[0]={values[0]}")
+    if values.max() > INT32_LIMIT:
+        raise ValueError(f"{name}: entries must be at most {INT32_LIMIT} (cu_seqlens reach the kernels as int32), "
+                         f"got {values.max()}")
+    lengths = np.diff(values)
+    if (lengths < 0).any():
+        i = int(np.argmax(lengths < 0)) + 1
+        raise ValueError(f"{name}: must be non-decreasing, but {name}[{i}]={values[i]} "
+                         f"< {name}[{i - 1}]={values[i - 1]}")
+    return lengths.tolist()

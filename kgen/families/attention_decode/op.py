@@ -19,10 +19,10 @@ from kgen import registry
 from kgen.runtime import tma
 from kgen.families.attention_decode.contract import DECODE_ROWS_PER_BLOCK
 from kgen.runtime import recipes
-from kgen.runtime.checks import (INT32_LIMIT, check_int, check_rows, check_seqlens, check_shape, check_tensor, cuda_device)
+from kgen.runtime.checks import (INT32_LIMIT, check_int, check_rows, check_seqlens, check_shape, check_tensor, cuda_device,
+                                 check_sink, softmax_scale_log2)
 from kgen.runtime.dispatch import (DTYPE_NAMES, DispatchCache, cached_launcher, kept_allocations, contract, spec_dtypes,
                                 full_tiles_twin)
-from kgen.families.attention_prefill.op import softmax_scale_log2
 from kgen.families.attention_decode.plan import SplitPlan, max_request_tiles, plan_splits, request_tiles
 from kgen.registry import UnsupportedVariantError, Variant
 
@@ -311,10 +311,7 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if block_table.shape[0] != batch or block_table.stride(1) != 1:
             raise ValueError(f"block_table: expected [{batch}, max_pages] with contiguous rows, got shape "
                              f"{tuple(block_table.shape)}, strides {block_table.stride()}")
-    if sink is not None:
-        check_tensor("sink", sink, ndim=1, dtypes=(torch.float32,), device=device)
-        if sink.shape[0] != heads_q or not sink.is_contiguous():
-            raise ValueError(f"sink: expected a contiguous [{heads_q}] tensor (one logit per query head), got {tuple(sink.shape)}")
+    check_sink(sink, heads_q, device)
     scale_log2 = softmax_scale_log2(softmax_scale, head_dim)
     page_size = k_cache.shape[1] if paged else None
     if plan is None:

@@ -19,15 +19,13 @@ from kgen import arch, config, registry
 from kgen.runtime import tma
 from kgen.launch import current_device
 from kgen.runtime import recipes
-from kgen.runtime.checks import check_rows, check_tensor
+from kgen.runtime.checks import check_rows, check_sink, check_tensor, seqlens_from_cu, softmax_scale_log2
 from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, cached_launcher, contract, spec_dtypes, full_tiles_twin
 from kgen.registry import UnsupportedVariantError, Variant
-from kgen.families.attention_prefill.plan import TileSchedule, choose_schedule, plan_tiles, seqlens_from_cu, validate_window
+from kgen.families.attention_prefill.plan import TileSchedule, choose_schedule, plan_tiles, validate_window
 
 FAMILY = "attention_prefill"
-_LOG2E = 1.4426950408889634
 _MAX_GRID_Y = 65535  # query heads are the grid's y dimension
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,19 +203,6 @@ def _check_result(name: str, given: torch.Tensor | None, shape: tuple, dtype: to
         raise ValueError(f"{name}: expected a contiguous tensor of shape {shape}, got {tuple(given.shape)}")
 
 
-def softmax_scale_log2(softmax_scale, head_dim: int) -> np.float32:
-    """The kernel's score scale in the log2 domain; ``softmax_scale`` must be a finite positive fp32 number."""
-    if softmax_scale is None:
-        return np.float32(_LOG2E / math.sqrt(head_dim))
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.floating)):
-        raise TypeError(f"softmax_scale: expected a float, got {type(softmax_scale).__name__} {softmax_scale!r}")
-    scale = float(softmax_scale)
-    # The kernel takes row maxima of unscaled scores, so the scale must be positive; it is an fp32 there.
-    if not (math.isfinite(scale) and 0 < scale and scale * _LOG2E <= _FLOAT32_MAX and np.float32(scale) > 0):
-        raise ValueError(f"softmax_scale: expected a finite positive number representable in fp32, got {softmax_scale!r}")
-    return np.float32(scale * _LOG2E)
-
-
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
                      causal: bool = False, window: tuple[int, int] = (-1, -1), sink: torch.Tensor | None = None,
@@ -326,10 +311,7 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
         raise ValueError(f"q: {heads_q} query heads exceed the kernel's grid limit of {_MAX_GRID_Y}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_rows(name, t)
-    if sink is not None:
-        check_tensor("sink", sink, ndim=1, dtypes=(torch.float32,), device=q.device)
-        if sink.shape[0] != heads_q or not sink.is_contiguous():
-            raise ValueError(f"sink: expected a contiguous [{heads_q}] tensor (one logit per query head), got {tuple(sink.shape)}")
+    check_sink(sink, heads_q, q.device)
     scale_log2 = softmax_scale_log2(softmax_scale, head_dim)
     merged_window = validate_window(causal, window)
     if plan is None:

@@ -25,7 +25,6 @@ import torch
 
 from kgen.runtime.checks import INT32_LIMIT, check_int, check_seqlens
 
-_CU_DTYPES = (torch.int32, torch.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,49 +162,3 @@ def choose_schedule(schedules: Sequence[TileSchedule], score_costs: Sequence[flo
     scores = [computed_scores(s) * c for s, c in zip(schedules, costs)]
     limit = min(scores) * (1 + WORK_TOLERANCE)
     return next(i for i, n in enumerate(scores) if n <= limit)
-
-
-def seqlens_from_cu(cu: Sequence[int] | torch.Tensor, name: str) -> list[int]:
-    """The sequence lengths described by cumulative lengths ``cu`` (``[0, n0, n0 + n1, ...]``).
-
-    ``cu`` is a list or tuple of ints, or a CPU int32/int64 1-D tensor; ``name``
-    is the argument's name for error messages.
-    """
-    if isinstance(cu, torch.Tensor):
-        if cu.is_cuda:
-            raise ValueError(f"{name}: attention plans are built from host data, and reading a CUDA tensor "
-                             f"would force a device->host sync; pass a CPU tensor or a list of ints instead")
-        if cu.device.type != "cpu":
-            raise ValueError(f"{name}: expected a CPU tensor or a list of ints, got a tensor on {cu.device}")
-        if cu.dim() != 1:
-            raise ValueError(f"{name}: expected a 1-D tensor, got shape {tuple(cu.shape)}")
-        if cu.dtype not in _CU_DTYPES:
-            raise TypeError(f"{name}: expected dtype in {[str(d) for d in _CU_DTYPES]}, got {cu.dtype}")
-        values = cu.numpy().astype(np.int64)
-    elif isinstance(cu, (list, tuple)):
-        if not all(type(value) is int for value in cu):  # the common case, without a call per entry
-            for i, value in enumerate(cu):
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise TypeError(f"{name}[{i}]: expected an int, got {type(value).__name__} {value!r}")
-        # Checked before numpy sees them: 2**63 would overflow int64.
-        if cu and not (-INT32_LIMIT <= min(cu) and max(cu) <= INT32_LIMIT):
-            raise ValueError(f"{name}: entries must be at most {INT32_LIMIT} in magnitude (cu_seqlens reach the "
-                             f"kernels as int32), got values from {min(cu)} to {max(cu)}")
-        values = np.array(cu, dtype=np.int64).reshape(-1)
-    else:
-        raise TypeError(f"{name}: expected a list or tuple of ints or a CPU int32/int64 1-D tensor, "
-                        f"got {type(cu).__name__}")
-    if not values.size:
-        raise ValueError(f"{name}: expected at least one entry (the leading 0), got none")
-    if values[0] != 0:
-        raise ValueError(f"{name}: must start at 0, got {name}[0]={values[0]}")
-    if values.max() > INT32_LIMIT:
-        raise ValueError(f"{name}: entries must be at most {INT32_LIMIT} (cu_seqlens reach the kernels as int32), "
-                         f"got {values.max()}")
-    lengths = np.diff(values)
-    if (lengths < 0).any():
-        i = int(np.argmax(lengths < 0)) + 1
-        raise ValueError(f"{name}: must be non-decreasing, but {name}[{i}]={values[i]} "
-                         f"< {name}[{i - 1}]={values[i - 1]}")
-    return lengths.tolist()
-

@@ -31,7 +31,6 @@ from kgen.runtime import recipes
 from kgen.runtime.checks import (INT32_LIMIT, check_dense_rows, check_int, check_scale, check_shape, check_tensor,
                               cuda_device)
 from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, launcher, spec_dtypes, incomplete_tile_pair
-from kgen.families.attention_prefill.plan import seqlens_from_cu
 from kgen.families.gated_delta_rule.chunk_plan import ChunkSchedule, RecurrenceCosts, plan_chunks
 
 KKT_FAMILY = "gated_delta_rule_kkt"
