@@ -8,11 +8,9 @@ device-to-host synchronisation and can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from kgen import arch, config, registry

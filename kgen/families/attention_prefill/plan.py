@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from kgen.runtime.checks import INT32_LIMIT, check_int, check_seqlens
 

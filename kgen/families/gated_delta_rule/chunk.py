@@ -29,7 +29,7 @@ from kgen.launch import current_device
 from kgen.families.gated_delta_rule.contract import GDN_CHAIN_COLUMNS, GDN_SEGMENT_FIELDS
 from kgen.runtime import recipes
 from kgen.runtime.checks import (INT32_LIMIT, check_dense_rows, check_int, check_scale, check_shape, check_tensor,
-                              cuda_device)
+                              cuda_device, seqlens_from_cu)
 from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, launcher, spec_dtypes, incomplete_tile_pair
 from kgen.families.gated_delta_rule.chunk_plan import ChunkSchedule, RecurrenceCosts, plan_chunks
 
