@@ -27,7 +27,7 @@ import torch
 from common import (SUMMARY_COLUMNS, standalone_parser, Column, default_out_dir, environment, markdown_table, summary_row, time_cuda,
                     verdict, write_results)
 from kgen.ops import merge_attention_states, merge_attention_states_n
-from kgen.ops._dispatch import DTYPE_NAMES
+from kgen.runtime.dispatch import DTYPE_NAMES
 
 RATIO_BAR = 0.85
 BAR_MIN_V_BYTES = 256e6  # the bar applies once the inputs' v (all partials) reaches 256 MB

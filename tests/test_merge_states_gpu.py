@@ -20,7 +20,7 @@ pytestmark = [
 
 from kgen import registry  # noqa: E402
 from kgen.ops import merge_attention_states, merge_attention_states_n  # noqa: E402
-from kgen.ops import merge_states as merge_module  # noqa: E402
+from kgen.families.merge_states import op as merge_module  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Inputs are exactly representable; the error is the output rounding plus fp32 arithmetic.

@@ -18,7 +18,7 @@ pytestmark = [
 ]
 
 from kgen import config, registry  # noqa: E402
-from kgen.ops._dispatch import launcher, layout  # noqa: E402
+from kgen.runtime.dispatch import contract, launcher  # noqa: E402
 from kgen.ops.attention import AttentionPlan, attention_varlen  # noqa: E402
 from kgen.ops.attention_plan import plan_tiles  # noqa: E402
 
@@ -73,9 +73,9 @@ def test_attention_neighbour(variant, causal):
 @pytest.mark.parametrize("variant", neighbours("merge_attention_states"), ids=lambda v: v.name.split("[")[1])
 def test_merge_neighbour(variant):
     params = variant.param_dict
-    tile_rows = layout(variant).sizes["tile_rows"]
+    tile_rows = contract(variant).sizes["tile_rows"]
     heads, head_dim = 3, params["head_dim"]
-    # The no-tail variant only ever runs on a whole number of tiles.
+    # The has_incomplete_tile=false variant only ever runs on a whole number of tiles.
     tokens = tile_rows + 5 if params["has_incomplete_tile"] else 2 * tile_rows
     rows = tokens * heads
     gen = torch.Generator(device="cuda").manual_seed(head_dim)
@@ -84,8 +84,10 @@ def test_merge_neighbour(variant):
     out = torch.full((tokens, heads, head_dim), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse_out = torch.full((tokens, heads), float("nan"), device="cuda")
     kernel = launcher(variant, "merge_states_2", torch.cuda.current_device())
-    kernel(-(-rows // tile_rows), v[0].data_ptr(), lse[0].data_ptr(), *lse[0].stride(),
-           v[1].data_ptr(), lse[1].data_ptr(), *lse[1].stride(), out.data_ptr(), lse_out.data_ptr(), rows, heads)
+    (a_t, a_h), (b_t, b_h) = lse[0].stride(), lse[1].stride()
+    kernel(-(-rows // tile_rows), v_a=v[0].data_ptr(), lse_a=lse[0].data_ptr(), lse_a_stride_t=a_t, lse_a_stride_h=a_h,
+           v_b=v[1].data_ptr(), lse_b=lse[1].data_ptr(), lse_b_stride_t=b_t, lse_b_stride_h=b_h,
+           v_out=out.data_ptr(), lse_out=lse_out.data_ptr(), num_rows=rows, num_heads=heads)
     assert_matches(out, lse_out, *merge_reference(v, lse))
 
 
@@ -96,7 +98,12 @@ def test_launches_with_the_wrong_arguments_are_refused():
                                                                            has_incomplete_tile=True)
     kernel = launcher(variant, "merge_states_2", torch.cuda.current_device())
     assert [p.name for p in kernel.parameters][:2] == ["v_a", "lse_a"]
-    with pytest.raises(LaunchArgumentError, match="expected 12 arguments"):
-        kernel(1, 0, 0, 0)
+    names = [p.name for p in kernel.parameters]
+    with pytest.raises(LaunchArgumentError, match=r"missing \['lse_a_stride_t'"):
+        kernel(1, v_a=0, lse_a=0)
+    with pytest.raises(LaunchArgumentError, match=r"unknown \['lse_c'\]"):
+        kernel(1, **dict.fromkeys(names, 0), lse_c=0)
+    with pytest.raises(LaunchArgumentError, match="in another order"):
+        kernel(1, **dict.fromkeys(reversed(names), 0))
     with pytest.raises(LaunchArgumentError, match="parameter lse_a_stride_t .* takes int, got float"):
-        kernel(1, 0, 0, 1.5, 1, 0, 0, 1, 1, 0, 0, 0, 1)
+        kernel(1, **dict(dict.fromkeys(names, 0), lse_a_stride_t=1.5))
