@@ -41,6 +41,14 @@ def _get(name: str) -> str | None:
     return value if value else None
 
 
+def expand_user(item: str, knob: str) -> Path:
+    """``item`` with a leading ``~`` or ``~user`` expanded; an unknown user is a :class:`SettingError` naming ``knob``."""
+    try:
+        return Path(item).expanduser()
+    except RuntimeError:  # pathlib's "Could not determine home directory"
+        raise SettingError(f"{knob}: cannot expand {item!r}: no such user or home directory") from None
+
+
 def cache_dirs() -> list[Path]:
     """``KGEN_CACHE_DIR``: the cache path, ``os.pathsep``-separated folders, else the one default folder.
 
@@ -51,7 +59,7 @@ def cache_dirs() -> list[Path]:
     first write).
     """
     value = _get("KGEN_CACHE_DIR")
-    folders = [Path(item).expanduser() for item in value.split(os.pathsep) if item] if value else []
+    folders = [expand_user(item, "KGEN_CACHE_DIR") for item in value.split(os.pathsep) if item] if value else []
     if not folders:
         return [CHECKOUT / "cache" if CHECKOUT is not None else user_cache_dir()]
     return list(dict.fromkeys(folders))  # a folder named twice is one layer
@@ -87,7 +95,7 @@ def user_spec_dirs() -> list[Path]:
     for item in value.split(os.pathsep):
         if not item:
             continue
-        folder = Path(item).expanduser()
+        folder = expand_user(item, "KGEN_SPEC_PATH")
         if not folder.exists():
             raise SettingError(f"KGEN_SPEC_PATH: spec folder {folder} does not exist")
         if not folder.is_dir():

@@ -20,6 +20,8 @@ that of the folders a caller adds with :func:`add_spec_path`, each once.
 
 from __future__ import annotations
 
+import itertools
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,10 @@ from kgen.spec_schema import MAX_VARIANTS
 
 class UnsupportedVariantError(ValueError):
     """No variant of a family matches what an op asked for."""
+
+
+class SpecPathWarning(UserWarning):
+    """Files on the spec path that look like specs but are not read."""
 
 
 class SpecPathError(FileNotFoundError, ValueError):
@@ -157,8 +163,34 @@ class Family:
         return sum(variant.param_dict[k] == x for k, x in self.defaults.items())
 
 
+#: What a spec file's name ends with, in any case.
+SPEC_SUFFIXES = (".yaml", ".yml")
+
+
 def _spec_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.glob("*.yaml")) + sorted(folder.glob("*.yml"))
+    """The spec files of ``folder``: its own files named ``*.yaml`` or ``*.yml`` (any case), hidden ones
+    (an editor's ``.#spec.yaml`` lock, say) excepted. Specs in its subfolders are not read: a warning
+    names each such subfolder, which can join the search path itself."""
+    found, skipped = [], []
+    for entry in sorted(folder.iterdir()):
+        if entry.suffix.lower() not in SPEC_SUFFIXES and not entry.is_dir():
+            continue
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            if any(p.suffix.lower() in SPEC_SUFFIXES and not p.name.startswith(".") for p in _first(entry.iterdir())):
+                skipped.append(entry)
+            continue
+        found.append(entry)
+    for subfolder in skipped:
+        warnings.warn(f"spec folder {folder}: specs in the subfolder {subfolder.name}/ are not read "
+                      f"(add {subfolder} to the spec path to read them)", SpecPathWarning, stacklevel=2)
+    return found
+
+
+def _first(entries, limit: int = 1000) -> list:
+    """At most ``limit`` of ``entries``: a look into a subfolder must stay cheap however large it is."""
+    return list(itertools.islice(entries, limit))
 
 
 def _check_folder(folder: Path, where: str = "") -> None:
@@ -188,7 +220,13 @@ def _template_owner(specs: list[SpecFile]) -> SpecFile:
 def _check_agrees_with_owner(spec: SpecFile, owner: SpecFile) -> None:
     """A file adding variants to a family must have the family's axes, configs and family-wide keys."""
     extra = [a for a in spec.axes if a not in owner.axes]
-    missing = [a for a in owner.axes if a not in spec.axes]
+    # An axis the family gained after this file was written takes the family's default (the file keeps working);
+    # one without a default is ambiguous, and named.
+    missing = [a for a in owner.axes if a not in spec.axes and a not in owner.defaults]
+    if missing and not extra:
+        raise spec.error("axes", f"family {spec.family!r} has the axis {missing[0]!r} ({_where(owner, 'axes')}), "
+                                 f"which this file does not give and the family has no default for: give "
+                                 f"{missing[0]} in this file's axes or configs")
     if extra or missing:
         key = "axes"
         if extra:  # the first extra axis's own line, or the configs' line when a config sets it
@@ -196,7 +234,8 @@ def _check_agrees_with_owner(spec: SpecFile, owner: SpecFile) -> None:
         difference = "".join(f"; {label}: {axes}" for label, axes in (("missing", missing), ("extra", extra)) if axes)
         raise spec.error(key, f"family {spec.family!r} has axes {sorted(owner.axes)} ({_where(owner, 'axes')}); "
                               f"this file has {sorted(spec.axes)}{difference}")
-    if set(spec.config_axes) != set(owner.config_axes):
+    defaulted = {a for a in owner.axes if a not in spec.axes}
+    if set(spec.config_axes) | (defaulted & set(owner.config_axes)) != set(owner.config_axes):
         raise spec.error("configs" if spec.config_axes else "axes",
                          f"the configs of family {spec.family!r} set {list(owner.config_axes)} "
                          f"({_where(owner, 'configs')}); this file's set {list(spec.config_axes)}")
@@ -236,7 +275,8 @@ class Registry:
         for spec in specs:
             _check_agrees_with_owner(spec, owner)
             for assignment in spec.assignments:
-                ordered = tuple((axis, dict(assignment)[axis]) for axis in family.axes)
+                given = dict(assignment)
+                ordered = tuple((axis, given[axis] if axis in given else family.defaults[axis]) for axis in family.axes)
                 if ordered not in seen:
                     seen.add(ordered)
                     family.variants.append(Variant(family, ordered, spec.path))
@@ -269,7 +309,7 @@ def spec_path() -> list[Path]:
 
 def add_spec_path(folder: str | Path) -> None:
     """Search ``folder`` for specs too (before ``KGEN_SPEC_PATH`` and the built-ins)."""
-    path = Path(folder).expanduser().resolve()
+    path = config.expand_user(str(folder), "add_spec_path").resolve()
     _check_folder(path)
     if path in _extra_dirs:
         return

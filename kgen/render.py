@@ -4,6 +4,14 @@ Shared device headers (``templates/common/*.cuh``) are pulled in with Jinja's
 ``{% include %}``, so the rendered text is self-contained: what ``kgen render``
 prints is byte for byte what is compiled and what the cache key hashes.
 Undefined template variables are errors (``StrictUndefined``), never empty text.
+
+Templates are code that runs at build time, from any folder on the spec path
+(trusted like ``PYTHONPATH``). They still render in Jinja's sandbox, so a
+template cannot reach Python's internals (``os.system`` through a global, say);
+a template file or include that resolves outside its search folder (``..``, a
+link to ``/etc/passwd``) is refused; and a render that outgrows
+:data:`MAX_SOURCE_CHARS` or :data:`MAX_RENDER_SECONDS` stops with an error
+instead of exhausting memory in NVRTC.
 A family with a host package gets its launch contract (:mod:`kgen.contract`) as
 ``contract``: the template renders its kernels' signatures from it and asserts
 that its own sizes agree.
@@ -12,25 +20,45 @@ that its own sizes agree.
 from __future__ import annotations
 
 import functools
+import os
+import time
 from pathlib import Path
 
 import jinja2
+import jinja2.sandbox
 
 from kgen.dtypes import ELEMENT_TYPES
-from kgen.contract import contract_of
+from kgen.contract import ContractError, contract_of
 from kgen.registry import Variant
+
+#: The most characters a rendered source may have (the largest built-in kernel renders to about 60 kB).
+MAX_SOURCE_CHARS = 8 << 20
+#: The longest a render may take (a built-in one takes milliseconds).
+MAX_RENDER_SECONDS = 30.0
 
 
 class RenderError(RuntimeError):
-    """A template could not be rendered (syntax error, undefined variable, missing file)."""
+    """A template could not be rendered (syntax error, undefined variable, missing file, too large)."""
+
+
+class _ContainedLoader(jinja2.FileSystemLoader):
+    """A file loader that refuses a template whose real path lies outside the search folder it was found in."""
+
+    def get_source(self, environment, template):
+        source, filename, uptodate = super().get_source(environment, template)
+        real = Path(os.path.realpath(filename))
+        if not any(real.is_relative_to(Path(os.path.realpath(folder))) for folder in self.searchpath):
+            raise jinja2.TemplateNotFound(f"{template} (resolves to {real}, outside the template folders "
+                                          f"{self.searchpath})")
+        return source, filename, uptodate
 
 
 # One environment per template search path (a family's spec folder, then the built-ins);
 # bounded, so that a process cycling through many spec folders does not keep them all.
 @functools.lru_cache(maxsize=32)
 def _environment(template_dirs: tuple[Path, ...]) -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader([str(d) for d in template_dirs]),
+    return jinja2.sandbox.SandboxedEnvironment(
+        loader=_ContainedLoader([str(d) for d in template_dirs]),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -43,15 +71,31 @@ def render(variant: Variant) -> str:
     """The CUDA source of ``variant``."""
     family = variant.family
     params = variant.param_dict
-    context = dict(params, family=family.name, variant_name=variant.name, entries=family.entries,
-                   contract=contract_of(variant))
+    try:
+        contract = contract_of(variant)
+    except ContractError as exc:
+        raise RenderError(f"{variant.name}: {exc}") from None
+    context = dict(params, family=family.name, variant_name=variant.name, entries=family.entries, contract=contract)
     if "dtype" in params:
         context["cuda_type"] = ELEMENT_TYPES[params["dtype"]].cuda
     try:
         template = _environment(family.template_dirs).get_template(family.template)
-        body = template.render(**context)
+        body = _bounded(template.generate(**context), variant.name)
     except jinja2.TemplateSyntaxError as exc:
         raise RenderError(f"{variant.name}: {exc.filename or family.template}:{exc.lineno}: {exc.message}") from None
     except jinja2.TemplateError as exc:
         raise RenderError(f"{variant.name}: cannot render {family.template}: {exc}") from None
     return f"// kgen: {variant.name}\n" + body
+
+
+def _bounded(pieces, name: str) -> str:
+    """The rendered pieces joined, stopping at the size and time limits."""
+    out, size, start = [], 0, time.monotonic()
+    for piece in pieces:
+        size += len(piece)
+        if size > MAX_SOURCE_CHARS:
+            raise RenderError(f"{name}: the rendered source passes {MAX_SOURCE_CHARS} characters, the most kgen compiles")
+        if time.monotonic() - start > MAX_RENDER_SECONDS:
+            raise RenderError(f"{name}: rendering took over {MAX_RENDER_SECONDS:.0f} s")
+        out.append(piece)
+    return "".join(out)

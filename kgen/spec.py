@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ _STRICT_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
 _VALIDATOR = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_STRICT_TYPES)(SPEC_SCHEMA)
 #: Aliases can make a tiny file expand to a huge document; refuse anything this large.
 _MAX_EXPANDED_NODES = 100_000
+#: The largest spec file kgen reads (the largest built-in one is a few kB).
+MAX_SPEC_BYTES = 1 << 20
 #: What YAML counts as a line break, to give the line of a byte that is not UTF-8.
 _LINE_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
 
@@ -228,11 +232,27 @@ def _parse(text: str, file: Path) -> tuple[Any, yaml.Node]:
     return data, root
 
 
-def _read_text(file: Path) -> str:
+def _read_bytes(file: Path) -> bytes:
+    """The bytes of ``file``, a regular file of at most :data:`MAX_SPEC_BYTES`: a link to /dev/zero would grow
+    without bound and a FIFO would block every command, so neither is opened for reading."""
     try:
-        raw = file.read_bytes()
+        if not stat.S_ISREG(os.stat(file).st_mode):
+            raise SpecError(file, "", None, "not a regular file (a device, FIFO, socket or folder); specs are files")
+        # O_NONBLOCK: should the path have become a FIFO since, opening it does not wait for a writer.
+        fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise SpecError(file, "", None, "not a regular file; specs are files")
+            raw = handle.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise SpecError(file, "", None, f"cannot read: {exc}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(file, "", None, f"larger than {MAX_SPEC_BYTES} bytes, the most a spec may be")
+    return raw
+
+
+def _read_text(file: Path) -> str:
+    raw = _read_bytes(file)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

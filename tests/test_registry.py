@@ -194,8 +194,34 @@ def test_mismatched_axes_across_files_are_refused(tmp_path):
     })
     with pytest.raises(SpecError) as info:
         Registry([folder])
-    assert str(info.value) == (f"{folder / 'b_extra.yaml'}:2: axes: family 'demo' has axes ['num_warps', 'tail'] "
-                               f"({folder / 'a_owner.yaml'}:4); this file has ['num_warps']; missing: ['tail']")
+    assert str(info.value) == (f"{folder / 'b_extra.yaml'}:2: axes: family 'demo' has the axis 'tail' "
+                               f"({folder / 'a_owner.yaml'}:4), which this file does not give and the family has no "
+                               f"default for: give tail in this file's axes or configs")
+
+
+def test_a_file_written_before_the_family_gained_an_axis_takes_its_default(tmp_path):
+    # attention's `mma` broke every earlier user spec; an axis with a family default no longer does.
+    folder = make_folder(tmp_path, "specs", {
+        "a_owner.yaml": "family: demo\ntemplate: a.cu.j2\nentries: [k]\naxes: {num_warps: [1], tail: [tma, cp_async]}\n"
+                        "defaults: {tail: cp_async}\n",
+        "b_older.yaml": "family: demo\naxes: {num_warps: [2]}\n",
+    })
+    variants = Registry([folder]).family("demo").variants
+    assert [params(v) for v in variants] == [{"num_warps": 1, "tail": "tma"}, {"num_warps": 1, "tail": "cp_async"},
+                                             {"num_warps": 2, "tail": "cp_async"}]
+
+
+def test_an_older_user_spec_of_attention_prefill_takes_tail_s_default_and_is_told_mma_has_none(tmp_path):
+    old = ("family: attention_prefill\naxes: {dtype: [bf16], has_incomplete_tile: [true]}\n"
+           "configs:\n  - {head_dim: 80, tile_m: 64, tile_n: 64, num_warps: 4, min_blocks_per_sm: 2%s}\n")
+    folder = make_folder(tmp_path, "user", {"old.yaml": old % ""})
+    with pytest.raises(SpecError, match="has the axis 'mma' .* has no default for: give mma"):
+        Registry([folder, config.BUILTIN_SPEC_DIR])
+    (folder / "old.yaml").write_text(old % ", mma: mma_sync")
+    family = Registry([folder, config.BUILTIN_SPEC_DIR]).family("attention_prefill")
+    added = [params(v) for v in family.variants if v.param_dict["head_dim"] == 80]
+    assert added == [dict(mma="mma_sync", head_dim=80, tile_m=64, tile_n=64, num_warps=4, min_blocks_per_sm=2,
+                          dtype="bf16", tail="tma", has_incomplete_tile=True)]
 
 
 def test_an_extra_axis_is_reported_on_its_own_line(tmp_path):
@@ -210,7 +236,7 @@ def test_an_extra_axis_is_reported_on_its_own_line(tmp_path):
 
 def test_a_user_file_with_different_axes_than_the_builtin_is_refused(tmp_path):
     folder = make_folder(tmp_path, "user", {"extra.yaml": "family: merge_attention_states\naxes: {head_dim: [80], dtype: [bf16]}\n"})
-    with pytest.raises(SpecError, match="has axes"):
+    with pytest.raises(SpecError, match="has the axis 'rows_per_thread'"):
         Registry([folder, config.BUILTIN_SPEC_DIR])
 
 
