@@ -52,7 +52,7 @@ def timed(fn) -> float:
 
 def attention_calls(tokens: int, world_size: int, rank: int, group):
     """(the timed call, the same rank's work without communication; None for one GPU, which has none)."""
-    import kgen.distributed as cp
+    import kgen.distributed.attention as cp
     from kgen.ops import attention_varlen, plan_attention_varlen
 
     gen = torch.Generator(device="cuda").manual_seed(rank)
@@ -78,7 +78,7 @@ def attention_calls(tokens: int, world_size: int, rank: int, group):
 
 
 def gdn_calls(tokens: int, world_size: int, rank: int, group):
-    import kgen.distributed as cp
+    import kgen.distributed.gated_delta_rule as cp
     from kgen.ops import chunk_gated_delta_rule, plan_chunk_gated_delta_rule
 
     gen = torch.Generator(device="cuda").manual_seed(rank)

@@ -16,6 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kgen.distributed as cp
+import kgen.distributed.attention as cp_attention
+import kgen.distributed.gated_delta_rule as cp_gdn
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gdn_reference  # noqa: E402
@@ -65,8 +67,8 @@ def merge(v_a, lse_a, v_b, lse_b):
 
 @pytest.fixture(autouse=True)
 def float64_kernels(monkeypatch):
-    monkeypatch.setattr(cp, "attention_varlen", attention)
-    monkeypatch.setattr(cp, "merge_attention_states", merge)
+    monkeypatch.setattr(cp_attention, "attention_varlen", attention)
+    monkeypatch.setattr(cp_attention, "merge_attention_states", merge)
 
 
 @settings(max_examples=150, deadline=None)
@@ -142,7 +144,7 @@ def gdn_op(q, k, v, g, beta, *, cu_seqlens, plan, scale, output_final_state=Fals
        layout=st.sampled_from(["kv", "vk"]), with_initial=st.booleans(), l2norm=st.booleans(),
        seed=st.integers(0, 2**31 - 1))
 def test_gdn_pieces_compose_to_the_single_device_result(seqlens, world_size, layout, with_initial, l2norm, seed):
-    with mock.patch.object(cp, "chunk_gated_delta_rule", gdn_op):
+    with mock.patch.object(cp_gdn, "chunk_gated_delta_rule", gdn_op):
         check_gdn_pieces(seqlens, world_size, layout, with_initial, l2norm, seed)
 
 
@@ -158,7 +160,7 @@ def check_gdn_pieces(seqlens, world_size, layout, with_initial, l2norm, seed):
     cu = [0, *np.cumsum(seqlens).tolist()]
     want_o, want_final = gdn_reference.recurrent(q, k, v, g, beta, initial_state=h0, cu_seqlens=torch.tensor(cu),
                                                  use_qk_l2norm=l2norm, state_layout=layout)
-    with mock.patch.object(cp, "plan_chunk_gated_delta_rule", return_value=object()):  # kernels' plan: unused here
+    with mock.patch.object(cp_gdn, "plan_chunk_gated_delta_rule", return_value=object()):  # kernels' plan: unused here
         plans = [cp.plan_chunk_gated_delta_rule_cp(cu, world_size=world_size, rank=r, num_heads_v=heads_v, head_dim=dim)
                  for r in range(world_size)]
     pieces = [[cp.shard_sequences(t, p) for p in plans] for t in (q, k, v, g, beta)]
