@@ -18,7 +18,7 @@ import torch
 from common import environment, run_standalone, summary_row, time_graph, write_results
 from kgen import registry
 from kgen.ops import plan_chunk_gated_delta_rule
-from kgen.ops._dispatch import launcher
+from kgen.runtime.dispatch import launcher
 
 NAME = "bench_gdn_kkt"
 TOKENS, HEAD_DIM = 32768, 128
@@ -30,7 +30,7 @@ COLUMNS = [("heads", "hk/hv", None), ("min_blocks_per_sm", "min blocks", None), 
 def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
     family = registry.current().family("gated_delta_rule_kkt")
     plan = plan_chunk_gated_delta_rule([0, TOKENS], num_heads_v=1, head_dim=HEAD_DIM, device="cuda")
-    chunks = plan.tables(torch.device("cuda"))[0]
+    chunks = plan.tables.on(torch.device("cuda"))[0]
     rows = []
     for heads, heads_v in HEADS:
         gen = torch.Generator(device="cuda").manual_seed(heads_v)
@@ -45,8 +45,9 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
             kernel = launcher(variant, "gated_delta_rule_kkt", torch.cuda.current_device())
 
             def call():
-                kernel((len(plan.chunks), heads), k.data_ptr(), g.data_ptr(), beta.data_ptr(), 1, chunks.data_ptr(),
-                       tbeta.data_ptr(), heads, heads_v, 0)
+                kernel((len(plan.chunks), heads), k=k.data_ptr(), g=g.data_ptr(), beta=beta.data_ptr(), beta_is_fp32=1,
+                       chunks=chunks.data_ptr(), tbeta=tbeta.data_ptr(), num_heads=heads, num_heads_v=heads_v,
+                       use_qk_l2norm=0)
             group.append({"heads": f"hk{heads}_hv{heads_v}", "min_blocks_per_sm": blocks, "us": 1e3 * time_graph(call)})
         best = min(r["us"] for r in group)
         for r in group:

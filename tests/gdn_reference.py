@@ -132,7 +132,7 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None
 def segmented(q, k, v, g, beta, *, segments, scale=None, initial_state=None, cu_seqlens=None,
               use_qk_l2norm=False, state_layout="kv", chunk: int = 64):
     """``chunked``'s result with sequences split into ``segments`` ((sequence, first chunk, chunks) rows,
-    as kgen.ops.gdn_plan plans them), computed as the kernels will: every segment from a zero state,
+    as kgen.families.gated_delta_rule.schedule plans them), computed as the kernels will: every segment from a zero state,
     with its transition M (S_end = M S_start + h); then the true start states by the chain
     S_{j+1} = M_j S_j + h_j, and each chunk's output corrected by its linear term in the start state."""
     q, k, v, g, beta, scale, seqs, states = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens,

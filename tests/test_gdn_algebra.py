@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gdn_reference as ref
-from kgen.ops.gdn_plan import plan_chunks
+from kgen.families.gated_delta_rule.schedule import plan_chunks
 
 
 def gates(shape, decay: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -41,8 +41,6 @@ def make_inputs(lengths, heads, group, dk, dv, seed, packed=True):
     beta = torch.rand(batch, tokens, heads_v, generator=gen, dtype=torch.float64)
     cu = [0, *torch.tensor(lengths).cumsum(0).tolist()] if packed else None
     return q, k, v, g, beta, cu
-
-
 
 
 @settings(max_examples=60, deadline=None)

@@ -31,8 +31,6 @@ def head_dims():
     return registry.current().family("gated_delta_rule_chunk").supported("head_dim")
 
 
-
-
 def make_inputs(lengths, heads, group, head_dim, dtype, l2norm, beta_fp32, seed, poisoned=None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     total, heads_v = sum(lengths), heads * group

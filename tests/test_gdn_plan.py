@@ -1,4 +1,5 @@
-"""The gated delta rule's host planner (kgen.ops.gdn_plan) against a pure-Python model of it."""
+"""The chunked gated delta rule's host planning (kgen.families.gated_delta_rule: its schedule and its plan's tables)
+against a pure-Python model of it."""
 
 from __future__ import annotations
 
@@ -6,10 +7,16 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kgen.ops.gdn_plan import RecurrenceCosts, choose_segment_chunks, plan_chunks
+from kgen import registry
+from kgen.families.gated_delta_rule.axes import spec_axes
+from kgen.families.gated_delta_rule.recipe import ChunkRecipe, plan_from_recipe
+from kgen.families.gated_delta_rule.schedule import RecurrenceCosts, choose_segment_chunks, plan_chunks
+from kgen.ops import plan_chunk_gated_delta_rule
+from kgen.runtime.dispatch import DTYPE_NAMES
 
 lengths = st.lists(st.integers(0, 3000) | st.sampled_from([1, 63, 64, 65, 127, 128, 129]), max_size=12)
 
@@ -76,10 +83,10 @@ def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, sms, spli
 def test_splits_only_where_the_model_says_it_pays():
     costs = RecurrenceCosts()
     # 1 x 32k tokens at 8 v-heads (16 blocks a segment): a long serial chain on a few SMs; split.
-    plan = plan_chunks([32768], parallel_per_segment=16, costs=costs)
+    plan = plan_chunks([32768], chunk=64, parallel_per_segment=16, costs=costs)
     assert len(plan.segments) > 4 and plan.segments[:, 2].sum() == 512
     # 4 x 8k at 32 v-heads already fills two blocks per SM: a split only adds the summaries.
-    assert len(plan_chunks([8192] * 4, parallel_per_segment=64, costs=costs).segments) == 4
+    assert len(plan_chunks([8192] * 4, chunk=64, parallel_per_segment=64, costs=costs).segments) == 4
     assert choose_segment_chunks(np.array([512]), parallel_per_segment=32, summary_per_segment=64, costs=None,
                                  min_segment_chunks=8) == 512
 
@@ -93,18 +100,19 @@ def test_splits_only_where_the_model_says_it_pays():
 def test_bad_plans_are_refused_with_the_argument_named(bad, error):
     name = next(k for k in bad if k != "seqlens") if len(bad) > 1 else "seqlens"
     with pytest.raises(error, match=name):
-        plan_chunks(**bad)
+        plan_chunks(**{"chunk": 64, **bad})
 
 
 @settings(max_examples=100, deadline=None)
 @given(seqlens=lengths, heads_v=st.sampled_from([1, 2, 8, 32]), sms=st.sampled_from([1, 132, 4096]))
 def test_op_tables_match_the_model(seqlens, heads_v, sms):
     """plan_chunk_gated_delta_rule's tables (what the kernels read) against a model built sequence by sequence."""
-    from kgen.ops import plan_chunk_gated_delta_rule
     cu = [0, *np.cumsum(seqlens).tolist()]
     plan = plan_chunk_gated_delta_rule(cu, num_heads_v=heads_v, head_dim=128, num_sms=sms)
-    schedule = plan.schedule
-    assert plan.chunks.tolist() == [[cu[s] + 64 * c, min(64, seqlens[s] - 64 * c)] for s, c in model_chunks(seqlens, 64)]
+    schedule, chunk = plan.schedule, plan.schedule.chunk
+    assert plan.cu_seqlens == tuple(cu) and plan.num_seqs == len(seqlens)
+    assert plan.chunks.tolist() == [[cu[s] + chunk * c, min(chunk, seqlens[s] - chunk * c)]
+                                    for s, c in model_chunks(seqlens, chunk)]
     rows, chains, base = [], [], 0
     for s, n in enumerate(seqlens):
         mine = sorted((first, count) for seq, first, count in schedule.segments.tolist() if seq == s)
@@ -113,7 +121,7 @@ def test_op_tables_match_the_model(seqlens, heads_v, sms):
             continue
         for j, (first, count) in enumerate(mine):
             last = j == len(mine) - 1
-            rows.append([s, cu[s] + 64 * first, cu[s + 1], int(schedule.chunk_offsets[s]) + first, count,
+            rows.append([s, cu[s] + chunk * first, cu[s + 1], int(schedule.chunk_offsets[s]) + first, count,
                          -1 if last else base + j, base + j - 1 if j else -1, int(last)])
         if len(mine) > 1:
             chains.append([s, base, len(mine) - 1])
@@ -129,12 +137,33 @@ def test_splits_stay_within_the_grid():
     # 64000 one-token sequences and one long one: splitting the long one as the cost model likes would
     # pass the kernels' 65535 segments; the planner stays within its cap.
     lengths = [1] * 64000 + [2 * 1024 * 1024]
-    plan = plan_chunks(lengths, parallel_per_segment=1, costs=RecurrenceCosts(), max_segments=65535)
+    plan = plan_chunks(lengths, chunk=64, parallel_per_segment=1, costs=RecurrenceCosts(), max_segments=65535)
     assert len(plan.segments) <= 65535 and plan.segment_chunks < 32768  # split, within the cap
 
 
 def test_op_plan_counts_empty_sequences_against_the_grid():
     # 65000 empty sequences (a segment row each) leave the long one at most 535 segments.
-    from kgen.ops import plan_chunk_gated_delta_rule
     plan = plan_chunk_gated_delta_rule([0] * 65001 + [2 * 1024 * 1024], num_heads_v=1, head_dim=128)
     assert len(plan.segments) <= 65535 and plan.schedule.segments.shape[0] > 1
+
+
+def test_a_plan_made_again_from_its_recipe_is_the_same_and_keeps_the_given_tables():
+    plan = plan_chunk_gated_delta_rule([0, 32768, 32800], num_heads_v=8)
+    assert len(plan.segments) > 2  # split: the recipe must carry the planner's choice
+    recipe = ChunkRecipe.of(plan)
+    assert ChunkRecipe.from_ints(recipe.ints()) == recipe and recipe.num_seqs == 2
+    tables = [torch.from_numpy(np.ascontiguousarray(t))
+              for t in (plan.chunks, plan.segments, plan.summary_segments, plan.chains)]
+    again = plan_from_recipe(tuple(recipe.ints()), tables)
+    for name in ("chunks", "segments", "summary_segments", "chains"):
+        assert np.array_equal(getattr(again, name), getattr(plan, name)), name
+    assert again.tables.on(torch.device("cpu"))[1] is tables[1]
+    assert plan_from_recipe(tuple(recipe.ints()), tables) is again  # made once per recipe and device
+
+
+@pytest.mark.parametrize("family", ["gated_delta_rule_chunk", "gated_delta_rule_step"])
+def test_the_ops_accept_the_state_layouts_and_dtypes_their_spec_offers(family):
+    spec = registry.current().family(family)
+    axes = spec_axes(family)
+    assert list(axes.state_layouts) == spec.supported("state_layout")
+    assert sorted(DTYPE_NAMES[d] for d in axes.dtypes) == spec.supported("dtype")

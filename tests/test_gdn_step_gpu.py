@@ -29,8 +29,6 @@ def head_dims():
     return registry.current().family("gated_delta_rule_step").supported("head_dim")
 
 
-
-
 def run_step(batch, pool, heads, group, head_dim, dtype, layout, l2norm, beta_fp32, padded, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     heads_v = heads * group

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kgen.families.gated_delta_rule import chunk, library, step
-from kgen.families.gated_delta_rule.chunk import ChunkGatedDeltaRulePlan, plan_chunk_gated_delta_rule
+from kgen.families.gated_delta_rule.planner import ChunkGatedDeltaRulePlan, plan_chunk_gated_delta_rule
 from kgen.runtime.checks import refuse_grad
 
 __all__ = ["ChunkGatedDeltaRulePlan", "chunk_gated_delta_rule", "gated_delta_rule_step", "plan_chunk_gated_delta_rule"]

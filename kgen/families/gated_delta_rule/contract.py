@@ -37,7 +37,7 @@ _GDN_RECURRENCE_PARAMETERS = parameters(
     "const T* q, const T* k, const T* v, const float* g, const T* tbeta, const int* segments, "
     "const float* initial_state, const float* start_states, float* summary, T* out, float* final_state, "
     "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm")
-#: Fields of a segment row (kgen/ops/gdn_plan.py writes them, the recurrence reads them).
+#: Fields of a segment row (the planner writes them, the recurrence reads them).
 GDN_SEGMENT_FIELDS = 8
 #: The chain's block: value columns per block and threads.
 GDN_CHAIN_COLUMNS, GDN_CHAIN_THREADS = 32, 256

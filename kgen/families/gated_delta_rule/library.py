@@ -13,6 +13,8 @@ from torch import Tensor
 from torch.library import custom_op
 
 from kgen.families.gated_delta_rule import chunk, step
+from kgen.families.gated_delta_rule.planner import fixed_length_plan
+from kgen.families.gated_delta_rule.recipe import ChunkRecipe, plan_from_recipe
 from kgen.runtime.compiled import into, needs_plan, placed
 from kgen.runtime.dispatch import kept_allocations
 
@@ -23,21 +25,21 @@ def _chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
                             output_final_state: bool, use_qk_l2norm_in_kernel: bool,
                             state_layout: str) -> tuple[Tensor, Tensor]:
     if recipe:
-        plan = chunk.plan_from_recipe(tuple(recipe), tables)
+        plan = plan_from_recipe(tuple(recipe), tables)
     else:  # fixed-length sequences without cu_seqlens: planned from the shapes alone, its tables kept
         with kept_allocations(q.device):
-            plan = chunk.fixed_length_plan(q.shape[0], q.shape[1], v.shape[2], q.shape[3], q.device)
+            plan = fixed_length_plan(q.shape[0], q.shape[1], v.shape[2], q.shape[3], q.device)
     o, final = chunk.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                                state_layout=state_layout, plan=plan)
+                                            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                            state_layout=state_layout, plan=plan)
     return o, final if final is not None else v.new_empty((0,), dtype=torch.float32)
 
 
 @_chunk_gated_delta_rule.register_fake
 def _(q, k, v, g, beta, initial_state, cu_seqlens, tables, recipe, scale, output_final_state, use_qk_l2norm_in_kernel,
       state_layout):
-    sequences = recipe[4] if recipe else q.shape[0]
+    sequences = ChunkRecipe.from_ints(recipe).num_seqs if recipe else q.shape[0]
     head_dim, heads_v = q.shape[3], v.shape[2]
     final = (sequences, heads_v, head_dim, head_dim) if output_final_state else (0,)
     return torch.empty_like(v, memory_format=torch.contiguous_format), v.new_empty(final, dtype=torch.float32)
@@ -47,8 +49,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state, output_fin
                            use_qk_l2norm_in_kernel, state_layout, plan, out):
     if plan is None and cu_seqlens is not None:
         needs_plan("chunk_gated_delta_rule (with cu_seqlens)", plan)
-    tables = [] if plan is None else [placed(t, q.device, "tables") for t in plan.tables(q.device)]
-    recipe = [] if plan is None else list(plan.recipe)
+    tables = [] if plan is None else [placed(t, q.device, "tables") for t in plan.tables.on(q.device)]
+    recipe = [] if plan is None else ChunkRecipe.of(plan).ints()
     o, final = torch.ops.kgen.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, cu_seqlens, tables, recipe,
                                                      scale, output_final_state, use_qk_l2norm_in_kernel, state_layout)
     return into((o,), (out,))[0], final if output_final_state else None
@@ -59,7 +61,7 @@ def _gated_delta_rule_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
                            state_indices: Optional[Tensor], scale: Optional[float], state_layout: str,
                            use_qk_l2norm_in_kernel: bool) -> Tensor:
     return step.gated_delta_rule_step(q, k, v, g, beta, state, scale=scale, state_indices=state_indices,
-                                 state_layout=state_layout, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+                                      state_layout=state_layout, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
 
 
 @_gated_delta_rule_step.register_fake

@@ -12,13 +12,13 @@ import numpy as np
 import torch
 
 from kgen import registry
+from kgen.families.gated_delta_rule.axes import spec_axes
 from kgen.launch import KernelLauncher
 from kgen.runtime.checks import check_dense_rows, check_scale, check_shape, check_tensor
-from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, launcher, contract, spec_dtypes
+from kgen.runtime.device import GRID_YZ_LIMIT
+from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, contract, launcher
 
 STEP_FAMILY = "gated_delta_rule_step"
-_MAX_GRID_YZ = 65535  # v-heads and sequences are the grid's y and z dimensions
-_STATE_LAYOUTS = ("kv", "vk")
 
 _step_kernels = DispatchCache()
 
@@ -59,8 +59,8 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         scale: default K^-1/2. use_qk_l2norm_in_kernel: normalise q and k over K first (eps 1e-6).
         out: optional preallocated o (contiguous ``[B, HV, V]`` in q's dtype).
     """
-    dtypes = spec_dtypes(STEP_FAMILY)
-    check_tensor("q", q, ndim=3, dtypes=dtypes)
+    axes = spec_axes(STEP_FAMILY)
+    check_tensor("q", q, ndim=3, dtypes=axes.dtypes)
     device = q.device
     batch, heads, head_dim = q.shape
     check_tensor("k", k, ndim=3, dtypes=(q.dtype,), device=device)
@@ -70,14 +70,14 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     check_shape("v", v, (batch, heads_v, head_dim), "[B, HV, V] with V = K")
     if heads == 0 or heads_v == 0 or heads_v % heads:
         raise ValueError(f"v: HV={heads_v} v-heads must be a positive multiple of H={heads} q/k heads")
-    if heads_v > _MAX_GRID_YZ or batch > _MAX_GRID_YZ:
-        raise ValueError(f"q, v: B={batch} and HV={heads_v} must each be at most {_MAX_GRID_YZ} (the kernel's grid)")
+    if heads_v > GRID_YZ_LIMIT or batch > GRID_YZ_LIMIT:  # the grid's y and z
+        raise ValueError(f"q, v: B={batch} and HV={heads_v} must each be at most {GRID_YZ_LIMIT} (the kernel's grid)")
     check_tensor("g", g, ndim=2, dtypes=(torch.float32,), device=device)
     check_shape("g", g, (batch, heads_v), "[B, HV]")
     check_tensor("beta", beta, ndim=2, dtypes=(torch.float32, q.dtype), device=device)
     check_shape("beta", beta, (batch, heads_v), "[B, HV]")
-    if state_layout not in _STATE_LAYOUTS:
-        raise ValueError(f"state_layout: expected one of {_STATE_LAYOUTS}, got {state_layout!r}")
+    if state_layout not in axes.state_layouts:
+        raise ValueError(f"state_layout: expected one of {axes.state_layouts}, got {state_layout!r}")
     check_tensor("state", state, ndim=4, dtypes=(torch.float32,), device=device)
     check_shape("state", state, (state.shape[0], heads_v, head_dim, head_dim), f"[P, HV, K, V] ({state_layout})")
     if state_indices is None:
@@ -104,9 +104,9 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     if not batch:
         return out
     kernel, slice_v = _step_kernel(device.index, head_dim, q.dtype, state_layout)
-    kernel((head_dim // slice_v, heads_v, batch), q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(),
-           beta.data_ptr(), int(beta.dtype is torch.float32), state.data_ptr(),
-           0 if state_indices is None else state_indices.data_ptr(), out.data_ptr(), heads, heads_v,
-           np.float32(scale), int(use_qk_l2norm_in_kernel))
+    kernel((head_dim // slice_v, heads_v, batch), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(),
+           beta=beta.data_ptr(), beta_is_fp32=int(beta.dtype is torch.float32), state=state.data_ptr(),
+           state_indices=0 if state_indices is None else state_indices.data_ptr(), out=out.data_ptr(),
+           num_heads=heads, num_heads_v=heads_v, scale=np.float32(scale), use_qk_l2norm=int(use_qk_l2norm_in_kernel))
     return out
 

@@ -1,4 +1,4 @@
-"""Host-side planning for the chunked gated delta rule over packed varlen batches.
+"""The chunked gated delta rule's schedule over packed varlen batches: chunks, segments and the cost model.
 
 Sequences are cut into chunks of ``chunk`` tokens that never cross a sequence; a sequence's last
 chunk may be partial. The state recurrence runs chunk after chunk, so one long sequence is a
@@ -7,7 +7,8 @@ run side by side from a zero state; each segment's initial state is then correct
 the transitions of the segments before it (the kernels' job). A split costs a summary pass over
 the split segments, so the planner splits only where a model of the kernels' time
 (:class:`RecurrenceCosts`) says it pays. Plans are built from host data only, so a run never
-synchronises with the device.
+synchronises with the device. :mod:`kgen.families.gated_delta_rule.planner` turns a schedule into
+the kernels' tables.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from kgen.runtime.checks import check_int, check_seqlens
+from kgen.runtime.device import DEFAULT_NUM_SMS
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,7 +32,7 @@ class ChunkSchedule:
     segments: np.ndarray
     #: The most chunks a segment holds (a sequence at most this long is not split).
     segment_chunks: int
-    #: Some sequence ends inside a chunk, so the kernels need their tail variant.
+    #: Some sequence ends inside a chunk, so the kernels need their has_incomplete_tile=true variant.
     has_incomplete_tile: bool
     chunk: int
     total_tokens: int
@@ -43,19 +45,18 @@ def _segments_per_sequence(chunks: np.ndarray, segment_chunks: int) -> np.ndarra
 
 @dataclass(frozen=True)
 class RecurrenceCosts:
-    """The planner's model of the recurrence kernels, in units of one chunk of one block alone on an SM.
+    """The planner's model of the recurrence kernels, in units of one chunk of one block alone on an SM
+    (the defaults are the H200's: bench/NOTES.md, gated delta rule)."""
 
-    Measured on the H200 (bench/NOTES.md, gated delta rule): two blocks sharing an SM each take
-    1.47x as long per chunk; a summary block (no outputs) takes about ``summary`` of a forward
-    block's time per chunk; a chain step costs about ``chain_step`` chunks, and a split batch
-    ``split_overhead`` more (two more launches, and the summary's pipeline fill).
-    """
-
-    num_sms: int = 132
+    num_sms: int = DEFAULT_NUM_SMS
     blocks_per_sm: int = 2
+    #: A chunk's time when ``blocks_per_sm`` blocks share an SM, each.
     shared: float = 1.47
+    #: A summary block's time per chunk (no outputs), relative to a forward block's.
     summary: float = 0.9
+    #: A step of the chain of start states, in chunks.
     chain_step: float = 3.0
+    #: What splitting adds besides: two more launches, and the summary's pipeline fill.
     split_overhead: float = 5.0
 
     def phase(self, blocks: int, work: float, longest: int) -> float:
@@ -98,7 +99,7 @@ def choose_segment_chunks(chunks: np.ndarray, *, parallel_per_segment: int, summ
     return candidates[int(np.argmin(times))]  # argmin takes the first, the longest, of equal times
 
 
-def plan_chunks(seqlens: Sequence[int], *, chunk: int = 64, parallel_per_segment: int = 1,
+def plan_chunks(seqlens: Sequence[int], *, chunk: int, parallel_per_segment: int = 1,
                 summary_per_segment: int | None = None, costs: RecurrenceCosts | None = None,
                 min_segment_chunks: int = 8, segment_chunks: int | None = None,
                 max_segments: int | None = None) -> ChunkSchedule:
