@@ -16,7 +16,6 @@ import torch
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TAILS = ("tma", "cp_async")
 MMAS = ("wgmma", "mma_sync")
-STATE_LAYOUTS = ("kv", "vk")
 NONE = -1  # an optional int field left out
 
 

@@ -28,7 +28,7 @@ class DeviceTables:
         device = cuda_device(device)
         found = self._by_device.get(device)
         if found is None:
-            if torch.cuda.is_current_stream_capturing():
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(f"plan: its {self._what} are placed on first use, which a CUDA-graph capture "
                                    f"cannot do; plan with device={str(device)!r} (or run once) before capturing")
             found = self._by_device[device] = tuple(self._make(device))
