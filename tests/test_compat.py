@@ -239,12 +239,25 @@ class FakeOps:
         assert all(t.is_contiguous() for t in (q, k, v, g, beta))
 
 
+FAKED = ("plan_attention_varlen", "attention_varlen", "merge_attention_states", "merge_attention_states_n",
+         "plan_chunk_gated_delta_rule", "chunk_gated_delta_rule", "gated_delta_rule_step")
+
+
+def bound_like(real, stand_in):
+    """``stand_in``, after binding each call to ``real``'s signature: a call the real op would not take fails."""
+    signature = inspect.signature(real)
+
+    def call(*args, **kwargs):
+        signature.bind(*args, **kwargs)
+        return stand_in(*args, **kwargs)
+    return call
+
+
 @pytest.fixture
 def fake(monkeypatch) -> FakeOps:
     ops = FakeOps()
-    for name in ("plan_attention_varlen", "attention_varlen", "merge_attention_states", "merge_attention_states_n",
-                 "plan_chunk_gated_delta_rule", "chunk_gated_delta_rule", "gated_delta_rule_step"):
-        monkeypatch.setattr(kgen.ops, name, getattr(ops, name))
+    for name in FAKED:
+        monkeypatch.setattr(kgen.ops, name, bound_like(getattr(kgen.ops, name), getattr(ops, name)))
     monkeypatch.setattr(compat_fa, "plan_cache", PlanCache(maxsize=32))
     monkeypatch.setattr(compat_fla, "plan_cache", PlanCache(maxsize=32))
     return ops
@@ -253,6 +266,11 @@ def fake(monkeypatch) -> FakeOps:
 def host(t: torch.Tensor) -> list[int]:
     """The stand-ins' own reading of a tensor, not counted by counting_host_copies."""
     return torch.Tensor.tolist(t)
+
+
+def test_the_stand_ins_check_calls_against_the_real_ops(fake):
+    with pytest.raises(TypeError):
+        kgen.ops.attention_varlen(None, None, None, None, None, window_size=(-1, -1))
 
 
 def counting_host_copies(t: torch.Tensor) -> list[int]:
