@@ -178,7 +178,7 @@ def test_long_requests(length, page_size):
 
 @pytest.mark.parametrize("head_dim", head_dims())
 @pytest.mark.parametrize("kv_load", ["tma", "cp_async"])
-def test_whole_slices_take_the_no_tail_variant(head_dim, kv_load):
+def test_whole_slices_take_the_full_tiles_variant(head_dim, kv_load):
     plan = run_case([64, 128, 16], 2, 4, head_dim, torch.float16, 1, None, True, -1, True, seed=head_dim,
                     kv_load=kv_load)
     assert plan.has_incomplete_tile is False
@@ -244,7 +244,7 @@ def test_requests_the_kernel_cannot_compute_get_nan():
     out = attention_decode(q, cache.k, cache.v, torch.tensor([40, 10**6], dtype=torch.int32, device="cuda"),
                            block_table=cache.block_table, plan=plan)
     assert not out[0].isnan().any() and out[1].isnan().all()
-    # A plan for whole slices (no tail code) given a length that ends mid-slice.
+    # A plan for whole slices (no incomplete-slice code) given a length that ends mid-slice.
     whole = plan_attention_decode([32, 32], num_heads_q=2, num_heads_kv=1, head_dim=64, page_size=16, device="cuda")
     assert not whole.has_incomplete_tile
     out = attention_decode(q, cache.k, cache.v, torch.tensor([32, 33], dtype=torch.int32, device="cuda"),

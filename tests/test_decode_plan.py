@@ -1,5 +1,5 @@
-"""Decode attention's planning (kgen.ops.decode_plan, kgen.ops.plan_attention_decode) on the CPU, against
-a pure-Python model of the keys each block's warps visit."""
+"""Decode attention's planning (kgen.families.attention_decode.splits, kgen.ops.plan_attention_decode) on the
+CPU, against a pure-Python model of the keys each block's warps visit."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kgen import registry
 from kgen.ops import plan_attention_decode
-from kgen.ops.decode_plan import max_request_tiles, plan_splits, request_tiles
+from kgen.families.attention_decode.splits import max_request_tiles, plan_splits, request_tiles
 
 
 def visited_keys(seqlen, q_len, window_left, slice_keys, warps, plan, split):
@@ -66,7 +66,7 @@ def test_the_issue_shapes():
     assert plan(1, 32768).splits.max_splits == 16 and plan(1, 131072).splits.max_splits == 16
     assert plan(8, 8192).splits.max_splits == 2
     assert plan(64, 2048).splits.single_pass and plan(256, 1024).splits.single_pass
-    # Whole slices take the no-tail variant, unless a bound is reserved for new lengths.
+    # Whole slices take the full-tiles variant, unless a bound is reserved for new lengths.
     assert not plan(1, 32768).has_incomplete_tile
     assert plan(1, 32768, max_seqlen_k=40000).has_incomplete_tile
     assert plan(1, 32769).has_incomplete_tile
@@ -109,8 +109,8 @@ def _spec_with_configs(folder, configs: str):
     from kgen import config
     text = (config.BUILTIN_SPEC_DIR / "attention_decode.yaml").read_text()
     head, rest = text.split("configs:\n", 1)
-    tail = rest[rest.index("exclude:"):]
-    (folder / "attention_decode.yaml").write_text(head + "configs:\n" + configs + tail)
+    after = rest[rest.index("exclude:"):]
+    (folder / "attention_decode.yaml").write_text(head + "configs:\n" + configs + after)
     return registry.Registry([folder])
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from kgen.families.attention_decode import library, op
-from kgen.families.attention_decode.op import DecodePlan, plan_attention_decode
+from kgen.families.attention_decode.planner import DecodePlan, plan_attention_decode
 from kgen.runtime.checks import refuse_grad
 
 __all__ = ["DecodePlan", "attention_decode", "plan_attention_decode"]

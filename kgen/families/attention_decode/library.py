@@ -12,17 +12,19 @@ from torch import Tensor
 from torch.library import custom_op
 
 from kgen.families.attention_decode import op
+from kgen.families.attention_decode.planner import plan_from_recipe
+from kgen.families.attention_decode.recipe import DecodeRecipe
 from kgen.runtime.compiled import into, needs_plan
 
 
 @custom_op("kgen::attention_decode", mutates_args=())
 def _attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Tensor, block_table: Optional[Tensor],
                       sink: Optional[Tensor], recipe: list[int], softmax_scale: Optional[float]) -> tuple[Tensor, Tensor]:
+    recipe = DecodeRecipe(recipe)
     # The plan made here has a split workspace of its own, which the kernel leaves as it found it.
-    plan = op.plan_from_recipe(tuple(recipe), q.device)
-    return op.attention_decode(q, k_cache, v_cache, seqlens_k, block_table=block_table,
-                                   window_left=recipe[6], sink=sink, softmax_scale=softmax_scale,
-                                   return_lse=True, plan=plan)
+    return op.attention_decode(q, k_cache, v_cache, seqlens_k, block_table=block_table, window_left=recipe.window_left,
+                               sink=sink, softmax_scale=softmax_scale, return_lse=True,
+                               plan=plan_from_recipe(recipe, q.device))
 
 
 @_attention_decode.register_fake

@@ -1,4 +1,4 @@
-"""Host-side planning of split-KV decode attention (:func:`kgen.ops.attention_decode`).
+"""Split-KV planning of decode attention: how many blocks share a request's keys, and which keys each reads.
 
 Decode has B x Hkv independent (request, KV head) items, too few to fill the GPU for small
 batches. A request's keys, from the first one its window lets a query see to its last, are cut
