@@ -63,7 +63,8 @@ def launcher(variant: Variant, entry: str, device_index: int) -> KernelLauncher:
 
 def cached_launcher(variant: Variant, entry: str, device_index: int) -> KernelLauncher:
     """:func:`launcher`, made once per device, variant and entry (until the spec path changes)."""
-    key = (device_index, variant.name, entry)
+    # The variant's params, not its name: Variant.name builds a string on every call.
+    key = (device_index, variant.family.name, variant.params, entry)
     found = _launchers.get(key)
     return found if found is not None else _launchers.put(key, launcher(variant, entry, device_index))
 

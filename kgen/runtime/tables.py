@@ -25,6 +25,9 @@ class DeviceTables:
         self._by_device: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     def on(self, device) -> tuple[torch.Tensor, ...]:
+        found = self._by_device.get(device)  # the common call: a device with its index, seen before
+        if found is not None:
+            return found
         device = cuda_device(device)
         found = self._by_device.get(device)
         if found is None:

@@ -90,12 +90,13 @@ class DescriptorCache:
         self._capacity = capacity
         self._entries: OrderedDict[tuple, TensorMaps] = OrderedDict()
 
-    def get(self, key: tuple, make: Callable[[], TensorMaps]) -> TensorMaps:
-        """The maps of ``key`` (the caller's layout key; the calling thread is added here)."""
+    def get(self, key: tuple, make: Callable[..., TensorMaps], *args) -> TensorMaps:
+        """The maps of ``key`` (the caller's layout key; the calling thread is added here), made by
+        ``make(*args)`` when new (arguments rather than a closure: no function is built per call)."""
         key = (threading.get_ident(),) + key
         found = self._entries.get(key)
         if found is None:
-            found = self._entries[key] = make()
+            found = self._entries[key] = make(*args)
             if len(self._entries) > self._capacity:
                 self._entries.popitem(last=False)
         else:

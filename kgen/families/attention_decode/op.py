@@ -151,7 +151,7 @@ def _launch(plan: DecodePlan, q, k_cache, v_cache, seqlens_k, block_table, sink,
     # dict and a string per call.
     if plan.recipe.kv_load == "tma":  # pages of whole slices: plan_attention_decode chose it so
         maps = _descriptors.get((device.index, variant.params, tuple(k_cache.shape), k_strides, v_strides),
-                                lambda: _tensor_maps(variant))
+                                _tensor_maps, variant)
         map_k, map_v = maps.get("k", _flat_rows("k_cache", k_cache)), maps.get("v", _flat_rows("v_cache", v_cache))
         # Two calls spelled out, one with the descriptors, so that each builds its argument dict once: merging
         # the descriptors in (**maps) costs more per call (bench/NOTES.md, decode host cost).
