@@ -3,7 +3,7 @@ forced one at a time on seed 000's sweep batches (N = min(4096, 131072 / L) caus
 12 heads, D = 128, bf16), against cuDNN on the same sequences as a dense batch, in one process.
 
 The planner's own choice is timed too, so its misses show as a row whose time is above the best
-shape's. This is the data the planner's cost model (kgen.ops.attention_plan) is checked against:
+shape's. This is the data the planner's cost model (kgen.families.attention_prefill.plan) is checked against:
 an observation, not a bar.
 
     PYTHONPATH=. python3 bench/bench_attention_kernels.py [--out DIR] [--lengths 64,128,256]

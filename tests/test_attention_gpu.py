@@ -161,7 +161,7 @@ def test_attention_matches_reference(seqs, heads_kv, group, kernel, dtype, causa
     tiles=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), min_size=1, max_size=4),
     head_dim=st.sampled_from(head_dims()), causal=st.booleans(), seed=st.integers(0, 2**31 - 1),
 )
-def test_full_tile_batches_use_the_no_tail_variant(tiles, head_dim, causal, seed):
+def test_full_tile_batches_use_the_full_tiles_variant(tiles, head_dim, causal, seed):
     # A multiple of every tile size, whichever shape the planner takes.
     tile = math.lcm(*(v.param_dict[axis] for v in registry.current().family("attention_prefill").variants
                       for axis in ("tile_m", "tile_n")))
@@ -187,7 +187,7 @@ def test_long_sequences(length, causal, kernel):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kernel", [k for k in kernels() if k[2] is not None], ids=kernel_id)
-def test_every_no_tail_kernel_on_full_tiles(causal, kernel):
+def test_every_full_tiles_kernel_on_full_tiles(causal, kernel):
     mma, head_dim, tile_m, tail = kernel
     unit = whole_tile_length(kernel)
     lengths = [2 * unit, unit, 4 * unit]  # whole tiles, so the has_incomplete_tile=false twin runs
@@ -198,7 +198,7 @@ def test_every_no_tail_kernel_on_full_tiles(causal, kernel):
              tail=tail, tile_m=tile_m, mma=mma)
 
 
-@pytest.mark.parametrize("full_tiles", [False, True], ids=["tails", "full-tiles"])
+@pytest.mark.parametrize("full_tiles", [False, True], ids=["incomplete-tiles", "full-tiles"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kernel", kernels(), ids=kernel_id)
 def test_poisoned_neighbours_never_reach_a_sequence(kernel, causal, full_tiles):

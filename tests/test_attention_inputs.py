@@ -8,9 +8,10 @@ import torch
 
 from kgen import config, registry
 from kgen.registry import UnsupportedVariantError
+from kgen.families.attention_prefill import op, planner
+from kgen.families.attention_prefill.recipe import AttentionRecipe
 from kgen.ops import attention_varlen, plan_attention_varlen
-from kgen.ops import attention
-from kgen.ops.attention import softmax_scale_log2
+from kgen.runtime.checks import softmax_scale_log2
 
 
 def spec_tiles(head_dim: int, dtype: str = "bf16") -> dict:
@@ -19,7 +20,7 @@ def spec_tiles(head_dim: int, dtype: str = "bf16") -> dict:
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_full_tile_batches_plan_the_no_tail_variant(head_dim):
+def test_full_tile_batches_plan_the_full_tiles_variant(head_dim):
     tiles = spec_tiles(head_dim)
     step = math.lcm(tiles["tile_m"], tiles["tile_n"])  # whole query and key tiles
     full = plan_attention_varlen([0, step, 3 * step], [0, 2 * step, 2 * step], head_dim=head_dim, device="cpu")
@@ -43,13 +44,13 @@ def test_work_list_covers_every_query_tile_longest_first():
 def tile_heights(head_dim: int, tail: str | None = None) -> list[int]:
     """The tile heights a plan for sm_90 (what plans without a GPU target) chooses among for ``head_dim``,
     in the spec's order of preference."""
-    return [v.param_dict["tile_m"] for v in attention._tile_candidates(head_dim, torch.bfloat16, tail, None, 90)]
+    return [v.param_dict["tile_m"] for v in planner.tile_candidates(head_dim, torch.bfloat16, tail, None, 90)]
 
 
 def test_plans_without_a_gpu_take_the_first_kernel_the_arch_runs():
     family = registry.current().family("attention_prefill")
     assert [v.param_dict["mma"] for v in family.variants[:1]] == ["wgmma"]
-    on_hopper = [v.param_dict["mma"] for v in attention._tile_candidates(128, torch.bfloat16, None, None, 90)]
+    on_hopper = [v.param_dict["mma"] for v in planner.tile_candidates(128, torch.bfloat16, None, None, 90)]
     assert on_hopper[0] == "wgmma" and set(on_hopper) == {"wgmma", "mma_sync"}
     # Long sequences take wgmma's first shape; a 64-token causal prompt mma_sync's 64x64 tiles, which
     # compute half the scores of wgmma's smallest (64x128).
@@ -57,7 +58,7 @@ def test_plans_without_a_gpu_take_the_first_kernel_the_arch_runs():
     short = plan_attention_varlen([0, 64], [0, 64], head_dim=128, causal=True).variant.param_dict
     assert (short["mma"], short["tile_m"], short["tile_n"]) == ("mma_sync", 64, 64)
     # Newer GPUs have no wgmma: they run the mma.sync kernel.
-    assert {v.param_dict["mma"] for v in attention._tile_candidates(128, torch.bfloat16, None, None, 100)} == {"mma_sync"}
+    assert {v.param_dict["mma"] for v in planner.tile_candidates(128, torch.bfloat16, None, None, 100)} == {"mma_sync"}
     with config.overrides(KGEN_ARCH="sm_100a"):
         assert plan_attention_varlen([0, 256], [0, 256], head_dim=128).variant.param_dict["mma"] == "mma_sync"
     assert plan_attention_varlen([0, 256], [0, 256], head_dim=128).variant.param_dict["mma"] == "wgmma"
@@ -76,8 +77,8 @@ def test_long_sequences_take_the_first_tile_shape_and_short_ones_the_smallest(he
 
 
 @pytest.mark.parametrize("head_dim", registry.current().family("attention_prefill").supported("head_dim"))
-def test_every_tile_shape_has_its_no_tail_twin_for_full_batches(head_dim):
-    candidates = attention._tile_candidates(head_dim, torch.bfloat16, None, None, 90)
+def test_every_tile_shape_has_its_full_tiles_twin(head_dim):
+    candidates = planner.tile_candidates(head_dim, torch.bfloat16, None, None, 90)
     step = math.lcm(*(v.param_dict[t] for v in candidates for t in ("tile_m", "tile_n")))  # every tile is whole
     for tile_m in tile_heights(head_dim):
         plan = plan_attention_varlen([0, step, 3 * step], [0, step, 3 * step], head_dim=head_dim, device="cpu",
@@ -95,6 +96,24 @@ def test_the_cp_async_tail_runs_only_the_shapes_that_offer_it():
     with pytest.raises(UnsupportedVariantError, match=r"tile_m=128 is not supported.*supported: \[64\]"):
         plan_attention_varlen([0, 8192], [0, 8192], head_dim=128, device="cpu", tail="cp_async", tile_m=128)
 
+
+
+def test_a_recipe_reads_back_by_name_and_plans_the_same_again():
+    cu_q, cu_k = [0, 1, 300, 301], [0, 5, 900, 901]
+    plan = plan_attention_varlen(cu_q, cu_k, head_dim=128, dtype=torch.float16, causal=True, window=(50, -1),
+                                 tail="cp_async", device="cpu")
+    recipe = AttentionRecipe(list(plan.recipe))  # as torch.library hands it to the op
+    params = plan.variant.param_dict
+    assert (recipe.head_dim, recipe.dtype, recipe.causal, recipe.window, recipe.num_seqs) == \
+        (128, torch.float16, True, (50, -1), 3)
+    assert (recipe.tail, recipe.tile_m, recipe.tile_n, recipe.mma) == \
+        ("cp_async", params["tile_m"], params["tile_n"], params["mma"])
+    assert (recipe.cu_seqlens_q, recipe.cu_seqlens_k) == (cu_q, cu_k)
+    work = plan.work.clone()
+    again = planner.plan_from_recipe(recipe, work)
+    assert again.variant == plan.variant and again.window == plan.window and again.work is work
+    assert np.array_equal(again.schedule.work, plan.schedule.work)
+    assert planner.plan_from_recipe(AttentionRecipe(list(plan.recipe)), work) is again  # made once
 
 USER_SHAPE = """
 family: attention_prefill
@@ -209,12 +228,10 @@ def test_a_plan_placed_on_one_device_refuses_another():
 
 
 def test_a_window_side_wider_than_every_sequence_reaches_the_kernel_as_unbounded():
-    from kgen.ops.attention import kernel_window
-
-    assert kernel_window((2**31 - 1, 2**31 - 1), 100, 300) == (-1, -1)
-    assert kernel_window((300, 100), 100, 300) == (-1, -1)
-    assert kernel_window((299, 99), 100, 300) == (299, 99)
-    assert kernel_window((-1, 0), 100, 300) == (-1, 0)
+    assert op.kernel_window((2**31 - 1, 2**31 - 1), 100, 300) == (-1, -1)
+    assert op.kernel_window((300, 100), 100, 300) == (-1, -1)
+    assert op.kernel_window((299, 99), 100, 300) == (299, 99)
+    assert op.kernel_window((-1, 0), 100, 300) == (-1, 0)
 
 
 def test_query_and_key_lengths_together_past_int32_are_refused():
@@ -226,8 +243,6 @@ def test_query_and_key_lengths_together_past_int32_are_refused():
 @pytest.mark.parametrize("causal, window, scale", [(1, (-1, -1), None), (True, [-1, -1], None),
                                                     (False, (True, -1), None), (False, (-1, -1), True)])
 def test_unusual_option_types_always_take_the_checks(causal, window, scale):
-    from kgen.ops.attention import _call_key
-
     t = torch.zeros((4, 2, 64), dtype=torch.bfloat16)
-    assert _call_key(t, t, t, t, t, None, None, None, causal, window, scale) is None
-    assert _call_key(t, t, t, t, t, None, None, None, False, (-1, -1), 0.5) is not None
+    assert op._call_key(t, t, t, t, t, None, None, None, causal, window, scale) is None
+    assert op._call_key(t, t, t, t, t, None, None, None, False, (-1, -1), 0.5) is not None

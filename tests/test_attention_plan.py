@@ -1,4 +1,4 @@
-"""The varlen attention planner (kgen.ops.attention_plan) against a brute-force model of the mask.
+"""The varlen attention tile schedule (kgen.families.attention_prefill.plan) against a brute-force model of the mask.
 
 The model builds each sequence's full [Lq, Lk] boolean mask from the rule
 "row r may attend key j iff r + (Lk - Lq) - left <= j <= r + (Lk - Lq) + right"
@@ -14,9 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kgen.ops.attention_plan import (
-    WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, plan_tiles, seqlens_from_cu, validate_window,
+from kgen.families.attention_prefill.plan import (
+    WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, plan_tiles, validate_window,
 )
+from kgen.runtime.checks import seqlens_from_cu
 
 TILES = (16, 32, 64, 128)
 
@@ -212,7 +213,7 @@ def test_causal_plan_runs_longest_tiles_first():
     assert plan.has_incomplete_tile  # 100 is not a multiple of 64
 
 
-def test_a_partial_key_tile_alone_needs_the_tail_variant():
+def test_a_partial_key_tile_alone_needs_the_incomplete_tile_variant():
     plan = plan_tiles([128, 64], [128, 100], tile_m=64, tile_n=64, causal=False, window=(-1, -1))
     assert plan.has_incomplete_tile  # every query tile is full, but keys 64..99 fill only part of a tile
     assert not plan_tiles([128, 64], [128, 128], tile_m=64, tile_n=64, causal=False, window=(-1, -1)).has_incomplete_tile

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kgen.families.attention_prefill import library, op
-from kgen.families.attention_prefill.op import AttentionPlan, plan_attention_varlen
+from kgen.families.attention_prefill.planner import AttentionPlan, plan_attention_varlen
 from kgen.runtime.checks import refuse_grad
 
 __all__ = ["AttentionPlan", "attention_varlen", "plan_attention_varlen"]

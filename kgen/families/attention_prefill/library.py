@@ -13,17 +13,18 @@ from torch.library import custom_op
 
 from kgen.families.attention_prefill import op
 from kgen.families.attention_prefill.plan import validate_window
+from kgen.families.attention_prefill.planner import plan_from_recipe
+from kgen.families.attention_prefill.recipe import AttentionRecipe
 from kgen.runtime.compiled import into, needs_plan, placed
 
 
 @custom_op("kgen::attention_varlen", mutates_args=())
 def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, work: Tensor,
                       sink: Optional[Tensor], recipe: list[int], softmax_scale: Optional[float]) -> tuple[Tensor, Tensor]:
-    plan = op.plan_from_recipe(tuple(recipe), work)
-    causal, left, right = recipe[2:5]
-    return op.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=bool(causal),
-                                      window=(left, right), sink=sink, softmax_scale=softmax_scale,
-                                      return_lse=True, plan=plan)
+    recipe = AttentionRecipe(recipe)
+    return op.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=recipe.causal, window=recipe.window,
+                               sink=sink, softmax_scale=softmax_scale, return_lse=True,
+                               plan=plan_from_recipe(recipe, work))
 
 
 @_attention_varlen.register_fake

@@ -25,7 +25,6 @@ import numpy as np
 from kgen.runtime.checks import INT32_LIMIT, check_int, check_seqlens
 
 
-
 @dataclass(frozen=True, eq=False)
 class TileSchedule:
     """The work of one varlen prefill launch.
@@ -33,7 +32,7 @@ class TileSchedule:
     ``work[i]`` is ``(seq_index, q_tile_index)`` (int32 ``[n, 2]``); ``num_key_tiles[i]``
     is how many key tiles that query tile visits (int64 ``[n]``; 0 when the mask hides
     every key: its rows are written as zeros with ``lse = -inf``). Arrays, so that a
-    batch of thousands of sequences plans in about a millisecond.
+    batch of thousands of sequences plans with no Python loop per tile (bench/NOTES.md, prefill planner cost).
     """
 
     work: np.ndarray
@@ -117,7 +116,7 @@ def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: in
     n_begin, n_end = _key_tile_bounds(q_tile * tile_m, lq[seq], lk[seq], tile_m=tile_m, tile_n=tile_n, window=merged)
     cost = n_end - n_begin
     order = np.lexsort((q_tile, seq, -cost))
-    # A length of 0 is a multiple of any tile, so empty sequences never need the tail variant.
+    # A length of 0 is a multiple of any tile, so empty sequences never need the has_incomplete_tile variant.
     incomplete = bool(np.any(lq % tile_m) or np.any(lk % tile_n))
     return TileSchedule(
         work=np.stack([seq[order], q_tile[order]], axis=1).astype(np.int32),

@@ -1,0 +1,177 @@
+"""Planning a prefill batch: which kernel and tile shape run it, and the plan a call launches from.
+
+The tile schedule itself is :mod:`kgen.families.attention_prefill.plan`'s; this module picks among the
+spec's variants for the arch and the batch, and makes the :class:`AttentionPlan` (from the lengths, or
+again from its recipe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kgen import arch, config, registry
+from kgen.families.attention_prefill.plan import TileSchedule, choose_schedule, plan_tiles, validate_window
+from kgen.families.attention_prefill.recipe import AttentionRecipe
+from kgen.registry import UnsupportedVariantError, Variant
+from kgen.runtime.checks import seqlens_from_cu
+from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, full_tiles_twin, spec_dtypes
+
+FAMILY = "attention_prefill"
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionPlan:
+    """What :func:`attention_varlen` needs to launch without looking at device data.
+
+    Build it once per batch layout with :func:`plan_attention_varlen`, on the host (no
+    GPU needed). Its work list is copied to the device on first use, or when it is
+    made, with ``device=``; a plan bound to one device refuses tensors on another.
+    """
+
+    schedule: TileSchedule
+    head_dim: int
+    dtype: torch.dtype
+    window: tuple[int, int]  # (left, right) with causal folded in; -1 = unbounded
+    num_seqs: int
+    #: The variant to run: the spec's choice for this head dim, dtype, tail policy and
+    #: batch (tile shape), specialised on has_incomplete_tile from the schedule.
+    variant: Variant
+    #: The work list (int32 [num_work, 2]: sequence, query tile) where it lives now, and whether it
+    #: may still move to the first device that uses it: on the host until the plan is placed.
+    _placed: list = field(repr=False)
+    #: The plan's inputs, the chosen kernel's tile shape included: what :func:`plan_from_recipe`
+    #: makes the same plan from.
+    recipe: AttentionRecipe = AttentionRecipe()
+    #: The op's calls made with this plan, checked once each (see
+    #: :func:`kgen.families.attention_prefill.op.attention_varlen`); they live as long as the plan.
+    _prepared: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def has_incomplete_tile(self) -> bool:
+        return self.schedule.has_incomplete_tile
+
+    @property
+    def work(self) -> torch.Tensor:
+        return self._placed[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self._placed[0].device
+
+    def work_on(self, device: torch.device) -> torch.Tensor:
+        """The work list on ``device``, copied there on first use; an error if the plan lives on another device.
+
+        The first use copies from host memory, which a CUDA graph capture cannot do:
+        plan with ``device=`` (or run once) before capturing.
+        """
+        work = self._placed[0]
+        if work.device == device:
+            return work
+        if work.device.type != "cpu" or not self._placed[1]:
+            raise ValueError(f"plan: its work list is on {work.device}, the tensors on {device}; "
+                             f"plan with device={str(device)!r}")
+        self._placed[:] = [work.to(device), False]
+        return self._placed[0]
+
+
+#: The arch a plan made without any GPU chooses its kernel for: the one kgen's built-in specs target.
+PLANNING_SM_WITHOUT_GPU = 90
+
+
+def planning_sm(device: torch.device | str | int | None) -> int:
+    """The arch number a plan picks its kernel for: ``KGEN_ARCH``'s, else ``device``'s (else the current GPU's)."""
+    override = config.arch_override()
+    if override:
+        return arch.parse(override, "KGEN_ARCH").sm
+    if device is not None and torch.device(device).type == "cuda":
+        major, minor = torch.cuda.get_device_capability(torch.device(device))
+    elif device is None and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+    else:
+        return PLANNING_SM_WITHOUT_GPU
+    return major * 10 + minor
+
+
+def tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m: int | None, sm: int,
+                    mma: str | None = None, tile_n: int | None = None) -> list[Variant]:
+    """The has_incomplete_tile=true variant of each tile shape the spec offers for this call on arch ``sm``, in
+    its order of preference (on sm_90 wgmma's shapes, then mma_sync's, which wins short sequences by computing
+    fewer padded scores in its smaller tiles, though at a higher cost per score: see choose_schedule)."""
+    wanted = {"tail": tail} if tail is not None else {}
+    if tile_m is not None:
+        wanted["tile_m"] = tile_m
+    if tile_n is not None:
+        wanted["tile_n"] = tile_n
+    if mma is not None:
+        wanted["mma"] = mma
+    family = registry.current().family(FAMILY)
+    # A tile shape is what the spec's configs set together (kernel, head dim, tiles, warps, occupancy).
+    offered = family.preferred(group_by=family.config_axes, head_dim=head_dim, dtype=DTYPE_NAMES[dtype],
+                               has_incomplete_tile=True, **wanted)
+    runnable = [v for v in offered if v.supports_sm(sm)]
+    if not runnable:
+        raise UnsupportedVariantError(f"{FAMILY}: no variant for head_dim={head_dim}, dtype={DTYPE_NAMES[dtype]}"
+                                      f"{''.join(f', {k}={x}' for k, x in wanted.items())} runs on sm_{sm}: "
+                                      f"{offered[0].name} and the others {offered[0].arch_refusal(sm)}")
+    return runnable
+
+
+def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: torch.dtype = torch.bfloat16,
+                          causal: bool = False, window: tuple[int, int] = (-1, -1),
+                          device: torch.device | str | int | None = None, tail: str | None = None,
+                          tile_m: int | None = None, tile_n: int | None = None, mma: str | None = None
+                          ) -> AttentionPlan:
+    """Plan a batch on the host: tile shape and schedule (longest tiles first), maximum lengths, has_incomplete_tile.
+
+    ``cu_seqlens_q`` / ``cu_seqlens_k`` are host data (lists or CPU tensors) of
+    length N+1. ``head_dim`` and ``dtype`` pick the spec's variants, of the first kernel in
+    its order that the arch runs (``KGEN_ARCH``, else ``device``'s or the current GPU's; sm_90
+    without a GPU): wgmma's and then mma_sync's on sm_90a, mma_sync's elsewhere. Among the tile
+    shapes it lists for them, the first is used unless it computes many more masked or
+    padded scores for this batch than another (see
+    :func:`kgen.families.attention_prefill.plan.choose_schedule`); ``tile_m`` and ``tile_n`` force a tile size,
+    and ``mma`` (``"wgmma"`` or ``"mma_sync"``) one kernel, which must run on the arch.
+    The work list is copied to ``device`` now if given, else to the device of the first
+    call that uses the plan. ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's
+    default tail policy (the wgmma kernel loads incomplete tiles by TMA only, so ``"cp_async"``
+    runs mma_sync); either way a sequence's output never depends on the rows of another sequence.
+    """
+    dtypes = spec_dtypes(FAMILY)
+    if dtype not in dtypes:
+        raise TypeError(f"dtype: expected one of {[str(d) for d in dtypes]}, got {dtype}")
+    seqlens_q = seqlens_from_cu(cu_seqlens_q, "cu_seqlens_q")
+    seqlens_k = seqlens_from_cu(cu_seqlens_k, "cu_seqlens_k")
+    if len(seqlens_q) != len(seqlens_k):
+        raise ValueError(f"cu_seqlens_k: expected {len(seqlens_q) + 1} entries like cu_seqlens_q, got {len(seqlens_k) + 1}")
+    merged_window = validate_window(causal, window)
+    candidates = tile_candidates(head_dim, dtype, tail, tile_m, planning_sm(device), mma, tile_n)
+    schedules = [plan_tiles(seqlens_q, seqlens_k, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"],
+                            causal=causal, window=window) for v in candidates]
+    chosen = choose_schedule(schedules, [v.score_cost for v in candidates])
+    any_tiles, schedule = candidates[chosen], schedules[chosen]
+    variant = any_tiles if schedule.has_incomplete_tile else full_tiles_twin(FAMILY, any_tiles)
+    work = torch.from_numpy(schedule.work)
+    placed = [work, True] if device is None else [work.to(torch.device(device)), False]
+    params = variant.param_dict
+    recipe = AttentionRecipe.of(head_dim=head_dim, dtype=dtype, causal=causal, window=window, tail=params["tail"],
+                                tile_m=params["tile_m"], tile_n=params["tile_n"], mma=params["mma"],
+                                seqlens_q=seqlens_q, seqlens_k=seqlens_k)
+    return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), variant, placed, recipe)
+
+
+def plan_from_recipe(recipe: AttentionRecipe, work: torch.Tensor) -> AttentionPlan:
+    """The plan ``recipe`` describes, its work list the device tensor ``work``; made once per recipe and device."""
+    key = (recipe, work.device)
+    found = _from_recipe.get(key)
+    if found is None:
+        found = plan_attention_varlen(recipe.cu_seqlens_q, recipe.cu_seqlens_k, head_dim=recipe.head_dim,
+                                      dtype=recipe.dtype, causal=recipe.causal, window=recipe.window,
+                                      tail=recipe.tail, tile_m=recipe.tile_m, tile_n=recipe.tile_n, mma=recipe.mma)
+        found._placed[:] = [work, False]
+        found = _from_recipe.put(key, found)
+    return found
+
+
+_from_recipe = DispatchCache()
