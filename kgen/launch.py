@@ -118,13 +118,17 @@ class KernelLauncher:
         return config
 
     def __call__(self, grid: int | tuple, /, **args) -> None:
+        """Launch on ``grid`` with the entry's parameters by name (see :meth:`launch`)."""
+        self.launch(grid, args)
+
+    def launch(self, grid: int | tuple, args: dict) -> None:
         """Launch on ``grid`` on torch's current stream of this launcher's device.
 
-        ``args`` are the entry's parameters by name, in the contract's order (the
-        order is what the kernel receives, so it is checked rather than sorted:
-        one tuple comparison per call): Python ints for pointers and 64-bit
-        integers, ``np.float32`` for floats, tensor-map descriptors. Names and
-        order are checked on every call, types on the first.
+        ``args`` maps each of the entry's parameters by name, in the contract's order (the order
+        is what the kernel receives, so it is checked rather than sorted: one tuple comparison per
+        call), to a Python int for pointers and 64-bit integers, an ``np.float32`` for floats, or a
+        tensor-map descriptor. Names and order are checked on every call, types on the first. A
+        caller holding its arguments in a dict passes it as is: ``**`` would copy it twice.
         """
         if tuple(args) != self._names or not self._checked_call:
             self._check_arguments(args)

@@ -8,19 +8,35 @@ per recipe and device (each plan module's ``plan_from_recipe``).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
-#: Value tables of the recipes' enumerated fields; a field holds the index of its value.
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-TAILS = ("tma", "cp_async")
-MMAS = ("wgmma", "mma_sync")
+from kgen.dtypes import ELEMENT_TYPES
+from kgen.spec_schema import AXIS_VALUE_SCHEMAS
+
 NONE = -1  # an optional int field left out
 
 
-def code(table: Sequence[Any], value: Any) -> int:
-    return table.index(value)
+def axis_code(axis: str, value: str) -> int:
+    """An enumerated axis value as a recipe stores it: its index among the spec schema's values of the axis,
+    a vocabulary that stays put (unlike the values a spec path happens to offer)."""
+    return AXIS_VALUE_SCHEMAS[axis]["enum"].index(value)
+
+
+def axis_value(axis: str, code: int) -> str:
+    return AXIS_VALUE_SCHEMAS[axis]["enum"][code]
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    return axis_code("dtype", _DTYPE_NAMES[dtype])
+
+
+def dtype_value(code: int) -> torch.dtype:
+    return getattr(torch, ELEMENT_TYPES[axis_value("dtype", code)].torch_name)
+
+
+_DTYPE_NAMES = {getattr(torch, t.torch_name): t.name for t in ELEMENT_TYPES.values()}
 
 
 def cumulative(lengths: Sequence[int]) -> list[int]:

@@ -100,5 +100,8 @@ class DescriptorCache:
             if len(self._entries) > self._capacity:
                 self._entries.popitem(last=False)
         else:
-            self._entries.move_to_end(key)
+            try:
+                self._entries.move_to_end(key)
+            except KeyError:  # another thread dropped it meanwhile: this call still uses what it found
+                pass
         return found

@@ -37,10 +37,10 @@ class DecodeRecipe(tuple):
     def of(cls, *, num_heads_q: int, num_heads_kv: int, head_dim: int, q_len: int, dtype: torch.dtype,
            page_size: int | None, window_left: int, max_seqlen_k: int | None, kv_load: str, tail: str, num_sms: int,
            seqlens_k: Sequence[int]) -> DecodeRecipe:
-        return cls((num_heads_q, num_heads_kv, head_dim, q_len, recipes.code(recipes.DTYPES, dtype),
+        return cls((num_heads_q, num_heads_kv, head_dim, q_len, recipes.dtype_code(dtype),
                     recipes.NONE if page_size is None else page_size, window_left,
-                    recipes.NONE if max_seqlen_k is None else max_seqlen_k, recipes.code(recipes.TAILS, kv_load),
-                    recipes.code(recipes.TAILS, tail), num_sms, *(int(n) for n in seqlens_k)))
+                    recipes.NONE if max_seqlen_k is None else max_seqlen_k, recipes.axis_code("kv_load", kv_load),
+                    recipes.axis_code("tail", tail), num_sms, *(int(n) for n in seqlens_k)))
 
     num_heads_q = property(itemgetter(0))
     num_heads_kv = property(itemgetter(1))
@@ -51,7 +51,7 @@ class DecodeRecipe(tuple):
 
     @property
     def dtype(self) -> torch.dtype:
-        return recipes.DTYPES[self[4]]
+        return recipes.dtype_value(self[4])
 
     @property
     def page_size(self) -> int | None:
@@ -65,11 +65,11 @@ class DecodeRecipe(tuple):
 
     @property
     def kv_load(self) -> str:
-        return recipes.TAILS[self[8]]
+        return recipes.axis_value("kv_load", self[8])
 
     @property
     def tail(self) -> str:
-        return recipes.TAILS[self[9]]
+        return recipes.axis_value("tail", self[9])
 
     @property
     def seqlens_k(self) -> list[int]:

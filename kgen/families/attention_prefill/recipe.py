@@ -12,13 +12,6 @@ from typing import Sequence
 import torch
 
 from kgen.runtime import recipes
-from kgen.runtime.dispatch import DTYPE_NAMES
-from kgen.spec_schema import AXIS_VALUE_SCHEMAS
-
-#: The values of the enumerated fields, each stored as its index here: the spec schema's values of the
-#: axis, a vocabulary that stays put (unlike the values a spec path happens to offer).
-_ENUMS = {axis: tuple(AXIS_VALUE_SCHEMAS[axis]["enum"]) for axis in ("dtype", "tail", "mma")}
-_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 #: Where the cumulative lengths start: after head_dim, dtype, causal, the window's two sides, tail, tile_m,
 #: tile_n, mma and num_seqs.
 _CU_START = 10
@@ -38,8 +31,8 @@ class AttentionRecipe(tuple):
     def of(cls, *, head_dim: int, dtype: torch.dtype, causal: bool, window: Sequence[int], tail: str, tile_m: int,
            tile_n: int, mma: str, seqlens_q: Sequence[int], seqlens_k: Sequence[int]) -> AttentionRecipe:
         left, right = window
-        return cls((head_dim, recipes.code(_ENUMS["dtype"], DTYPE_NAMES[dtype]), int(causal), left, right,
-                    recipes.code(_ENUMS["tail"], tail), tile_m, tile_n, recipes.code(_ENUMS["mma"], mma),
+        return cls((head_dim, recipes.dtype_code(dtype), int(causal), left, right,
+                    recipes.axis_code("tail", tail), tile_m, tile_n, recipes.axis_code("mma", mma),
                     len(seqlens_q), *recipes.cumulative(seqlens_q), *recipes.cumulative(seqlens_k)))
 
     @property
@@ -48,7 +41,7 @@ class AttentionRecipe(tuple):
 
     @property
     def dtype(self) -> torch.dtype:
-        return _DTYPES[_ENUMS["dtype"][self[1]]]
+        return recipes.dtype_value(self[1])
 
     @property
     def causal(self) -> bool:
@@ -61,7 +54,7 @@ class AttentionRecipe(tuple):
 
     @property
     def tail(self) -> str:
-        return _ENUMS["tail"][self[5]]
+        return recipes.axis_value("tail", self[5])
 
     @property
     def tile_m(self) -> int:
@@ -73,7 +66,7 @@ class AttentionRecipe(tuple):
 
     @property
     def mma(self) -> str:
-        return _ENUMS["mma"][self[8]]
+        return recipes.axis_value("mma", self[8])
 
     @property
     def num_seqs(self) -> int:

@@ -205,11 +205,11 @@ def _launch(plan, q, k, v, g, beta, initial_state, out, final, scale, state_layo
         "scale": np.float32(scale), "use_qk_l2norm": l2norm}
     if summaries is not None:
         # The summary takes the forward's parameters, with its own segments and its summaries as the only output.
-        kernels.summary((2 * head_dim // slice_v, heads_v, len(plan.summary_segments)),
-                        **{**forward, "segments": summary_segments.data_ptr(), "initial_state": 0, "start_states": 0,
-                           "summary": summaries.data_ptr(), "out": 0, "final_state": 0})
+        kernels.summary.launch((2 * head_dim // slice_v, heads_v, len(plan.summary_segments)),
+                               {**forward, "segments": summary_segments.data_ptr(), "initial_state": 0,
+                                "start_states": 0, "summary": summaries.data_ptr(), "out": 0, "final_state": 0})
         kernels.chain((head_dim // kernels.chain_columns, heads_v, len(plan.chains)), summary=summaries.data_ptr(),
                       initial_state=initial, start_states=starts.data_ptr(), chains=chains.data_ptr(),
                       num_heads_v=heads_v)
-    kernels.recurrence((head_dim // slice_v, heads_v, len(plan.segments)), **forward)
+    kernels.recurrence.launch((head_dim // slice_v, heads_v, len(plan.segments)), forward)
     return out, final
