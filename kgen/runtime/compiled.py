@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import torch
 
+from kgen.runtime.tables import DeviceTables
+
 
 def into(results: tuple, outs: tuple) -> tuple:
     """An op's fresh results, copied into the caller's preallocated tensors where given."""
     return tuple(r if o is None else o.copy_(r) for r, o in zip(results, outs))
 
 
-def placed(tensor: torch.Tensor, device: torch.device, what: str) -> torch.Tensor:
-    """A plan's table, which must already be on the tensors' device (a compiled graph cannot copy it there)."""
-    if tensor.device != device:
-        raise ValueError(f"plan: its {what} is on {tensor.device}, the tensors on {device}; under torch.compile "
+def placed(tables: DeviceTables, device: torch.device, what: str) -> tuple[torch.Tensor, ...]:
+    """A plan's tables, which must already be on the tensors' device (a compiled graph cannot copy them there)."""
+    found = tables.placed(device)
+    if found is None:
+        raise ValueError(f"plan: its {what} is not on {device}, the tensors' device; under torch.compile "
                          f"plan with device={str(device)!r}")
-    return tensor
+    return found
 
 
 def needs_plan(op: str, plan) -> None:

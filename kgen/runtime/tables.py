@@ -18,10 +18,14 @@ from kgen.runtime.checks import cuda_device
 
 
 class DeviceTables:
-    """The tensors ``make(device)`` gives, made once per device."""
+    """The tensors ``make(device)`` gives, made once per device.
 
-    def __init__(self, make: Callable[[torch.device], Sequence[torch.Tensor]], what: str):
-        self._make, self._what = make, what
+    ``one_device``: the tables live on the first device they are made on (or adopted for), and any other is
+    refused: for a plan whose choices were made for one GPU (its arch).
+    """
+
+    def __init__(self, make: Callable[[torch.device], Sequence[torch.Tensor]], what: str, *, one_device: bool = False):
+        self._make, self._what, self._one_device = make, what, one_device
         self._by_device: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     def on(self, device) -> tuple[torch.Tensor, ...]:
@@ -31,6 +35,9 @@ class DeviceTables:
         device = cuda_device(device)
         found = self._by_device.get(device)
         if found is None:
+            if self._one_device and self._by_device:
+                raise ValueError(f"plan: its {self._what} is on {next(iter(self._by_device))}, the tensors on {device}; "
+                                 f"plan with device={str(device)!r}")
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(f"plan: its {self._what} are placed on first use, which a CUDA-graph capture "
                                    f"cannot do; plan with device={str(device)!r} (or run once) before capturing")
@@ -40,6 +47,10 @@ class DeviceTables:
     def adopt(self, device, tensors: Sequence[torch.Tensor]) -> None:
         """Use ``tensors`` (a compiled graph's copies of the tables) as those on ``device``."""
         self._by_device[cuda_device(device)] = tuple(tensors)
+
+    def placed(self, device) -> tuple[torch.Tensor, ...] | None:
+        """The tables on ``device`` if they are there already (a compiled graph cannot copy them)."""
+        return self._by_device.get(cuda_device(device))
 
     def devices(self) -> list[torch.device]:
         return list(self._by_device)

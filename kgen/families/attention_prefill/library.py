@@ -38,6 +38,6 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, window, sin
     if plan.window != validate_window(causal, window):
         raise ValueError(f"plan: made for window {plan.window}; this call has causal={causal}, window={window}")
     results = into(torch.ops.kgen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                                    placed(plan.work, q.device, "work list"), sink,
+                                                    placed(plan.tables, q.device, "work list")[0], sink,
                                                     list(plan.recipe), softmax_scale), (out, lse_out))
     return results if return_lse else results[0]

@@ -16,6 +16,7 @@ from kgen.families.attention_prefill.plan import TileSchedule, choose_schedule, 
 from kgen.families.attention_prefill.recipe import AttentionRecipe
 from kgen.registry import UnsupportedVariantError, Variant
 from kgen.runtime.checks import seqlens_from_cu
+from kgen.runtime.tables import DeviceTables
 from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, full_tiles_twin, spec_dtypes
 
 FAMILY = "attention_prefill"
@@ -27,7 +28,8 @@ class AttentionPlan:
 
     Build it once per batch layout with :func:`plan_attention_varlen`, on the host (no
     GPU needed). Its work list is copied to the device on first use, or when it is
-    made, with ``device=``; a plan bound to one device refuses tensors on another.
+    made, with ``device=``; a plan's kernel is chosen for one GPU, so a plan placed on
+    one device refuses tensors on another.
     """
 
     schedule: TileSchedule
@@ -38,9 +40,8 @@ class AttentionPlan:
     #: The variant to run: the spec's choice for this head dim, dtype, tail policy and
     #: batch (tile shape), specialised on has_incomplete_tile from the schedule.
     variant: Variant
-    #: The work list (int32 [num_work, 2]: sequence, query tile) where it lives now, and whether it
-    #: may still move to the first device that uses it: on the host until the plan is placed.
-    _placed: list = field(repr=False)
+    #: The work list (int32 [num_work, 2]: sequence, query tile) on the one device the plan runs on.
+    tables: DeviceTables = field(repr=False)
     #: The plan's inputs, the chosen kernel's tile shape included: what :func:`plan_from_recipe`
     #: makes the same plan from.
     recipe: AttentionRecipe = AttentionRecipe()
@@ -54,26 +55,14 @@ class AttentionPlan:
 
     @property
     def work(self) -> torch.Tensor:
-        return self._placed[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self._placed[0].device
+        """The work list where it lives: on its device once placed, on the host before."""
+        devices = self.tables.devices()
+        return self.tables.placed(devices[0])[0] if devices else torch.from_numpy(self.schedule.work)
 
     def work_on(self, device: torch.device) -> torch.Tensor:
-        """The work list on ``device``, copied there on first use; an error if the plan lives on another device.
-
-        The first use copies from host memory, which a CUDA graph capture cannot do:
-        plan with ``device=`` (or run once) before capturing.
-        """
-        work = self._placed[0]
-        if work.device == device:
-            return work
-        if work.device.type != "cpu" or not self._placed[1]:
-            raise ValueError(f"plan: its work list is on {work.device}, the tensors on {device}; "
-                             f"plan with device={str(device)!r}")
-        self._placed[:] = [work.to(device), False]
-        return self._placed[0]
+        """The work list on ``device``, copied there on first use (not during a CUDA-graph capture: plan with
+        ``device=`` or run once before capturing); an error if the plan lives on another device."""
+        return self.tables.on(device)[0]
 
 
 #: The arch a plan made without any GPU chooses its kernel for: the one kgen's built-in specs target.
@@ -153,12 +142,14 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     any_tiles, schedule = candidates[chosen], schedules[chosen]
     variant = any_tiles if schedule.has_incomplete_tile else full_tiles_twin(FAMILY, any_tiles)
     work = torch.from_numpy(schedule.work)
-    placed = [work, True] if device is None else [work.to(torch.device(device)), False]
+    tables = DeviceTables(lambda to: (work.to(to),), "work list", one_device=True)
+    if device is not None:
+        tables.on(torch.device(device))
     params = variant.param_dict
     recipe = AttentionRecipe.of(head_dim=head_dim, dtype=dtype, causal=causal, window=window, tail=params["tail"],
                                 tile_m=params["tile_m"], tile_n=params["tile_n"], mma=params["mma"],
                                 seqlens_q=seqlens_q, seqlens_k=seqlens_k)
-    return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), variant, placed, recipe)
+    return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), variant, tables, recipe)
 
 
 def plan_from_recipe(recipe: AttentionRecipe, work: torch.Tensor) -> AttentionPlan:
@@ -169,7 +160,7 @@ def plan_from_recipe(recipe: AttentionRecipe, work: torch.Tensor) -> AttentionPl
         found = plan_attention_varlen(recipe.cu_seqlens_q, recipe.cu_seqlens_k, head_dim=recipe.head_dim,
                                       dtype=recipe.dtype, causal=recipe.causal, window=recipe.window,
                                       tail=recipe.tail, tile_m=recipe.tile_m, tile_n=recipe.tile_n, mma=recipe.mma)
-        found._placed[:] = [work, False]
+        found.tables.adopt(work.device, (work,))
         found = _from_recipe.put(key, found)
     return found
 

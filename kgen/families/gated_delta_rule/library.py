@@ -49,7 +49,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state, output_fin
                            use_qk_l2norm_in_kernel, state_layout, plan, out):
     if plan is None and cu_seqlens is not None:
         needs_plan("chunk_gated_delta_rule (with cu_seqlens)", plan)
-    tables = [] if plan is None else [placed(t, q.device, "tables") for t in plan.tables.on(q.device)]
+    tables = [] if plan is None else list(placed(plan.tables, q.device, "tables"))
     recipe = [] if plan is None else ChunkRecipe.of(plan).ints()
     o, final = torch.ops.kgen.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, cu_seqlens, tables, recipe,
                                                      scale, output_final_state, use_qk_l2norm_in_kernel, state_layout)
