@@ -29,10 +29,8 @@ from rich.table import Table
 from kgen import __version__, config, jit, layout, registry as registry_module
 from kgen.arch import Arch, ArchError
 from kgen.arch import parse as parse_arch
-from kgen.cache import DiskCache
-from kgen.cache_archive import (ARCHIVE_SUFFIXES, ArchiveError, collect_entries, import_entries, read_archive,
-                                write_archive, write_wheel)
-from kgen.cache_layers import cache_layers
+from kgen.cache import (ARCHIVE_SUFFIXES, ArchiveError, DiskCache, cache_layers, collect_entries, import_entries,
+                        read_archive, write_archive, write_wheel)
 from kgen.compiler import CompileError
 from kgen.registry import Variant
 from kgen.render import RenderError, render

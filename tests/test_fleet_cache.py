@@ -25,8 +25,8 @@ from click.testing import CliRunner
 
 import kgen
 import kgen.arch
-import kgen.cache
-import kgen.cache_layers
+import kgen.cache.layers
+import kgen.cache.store
 import kgen.compiler
 import kgen.config
 import kgen.jit
@@ -59,10 +59,10 @@ def prebuilt(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def fresh_reports(monkeypatch):
     """Each test sees its own once-only warnings, and looks installed caches up again."""
-    monkeypatch.setattr(kgen.cache, "_warned", set())
-    kgen.cache_layers._installed_caches.cache_clear()
+    monkeypatch.setattr(kgen.cache.store, "_warned", set())
+    kgen.cache.layers._installed_caches.cache_clear()
     yield
-    kgen.cache_layers._installed_caches.cache_clear()
+    kgen.cache.layers._installed_caches.cache_clear()
 
 
 def cache_path(*folders: Path) -> str:
@@ -439,7 +439,7 @@ def test_the_wheel_is_well_formed(installed_site):
 def test_an_installed_wheel_is_found_and_serves_every_hit(installed_site, tmp_path, monkeypatch):
     _, site = installed_site
     monkeypatch.syspath_prepend(str(site))
-    [layer] = kgen.cache_layers.installed_caches()
+    [layer] = kgen.cache.layers.installed_caches()
     assert layer.cache.root == site / "kgen_cache_sm_90a" / "cache"
     assert layer.origin.startswith(f"kgen-cache-sm-90a {kgen.__version__}+nvrtc.")
     writable = tmp_path / "writable"
@@ -463,7 +463,7 @@ def test_an_installed_cache_of_another_kgen_is_reported_and_not_used(installed_s
     monkeypatch.delitem(sys.modules, "kgen_cache_sm_90a", raising=False)  # not the copy another test imported
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert kgen.cache_layers.installed_caches() == []
+        assert kgen.cache.layers.installed_caches() == []
         assert build_all(tmp_path / "writable")[0] is False
     [message] = [str(w.message) for w in caught if "installed cache" in str(w.message)]
     assert "kgen-cache-sm-90a" in message and "made by kgen 0.0.1" in message and "is not used" in message

@@ -1,4 +1,4 @@
-"""The on-disk cubin cache: keys, self-checking entries, atomic publish, cross-process locks.
+"""One folder of cubins: keys, self-checking entries, atomic publish, cross-process locks.
 
 * **Key.** ``cuda.core.utils.make_program_cache_key`` over the rendered source,
   the NVRTC options, the arch and the target, with an extra digest of labelled
@@ -19,8 +19,8 @@
   compile a variant once. The set is fixed, and lock files are never deleted:
   deleting one that another process waits on would let two processes hold it.
 
-Which folders are searched (layers, installed caches): kgen.cache_layers; archives and wheels of
-entries for a fleet: kgen.cache_archive.
+Which folders are searched (layers, installed caches): kgen.cache.layers; archives and wheels of
+entries for a fleet: kgen.cache.archive and kgen.cache.wheel.
 """
 
 from __future__ import annotations
