@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kgen
-import kgen.cli
+import kgen.cli.progress
 import kgen.layout
 from kgen import arch, config, registry
 from kgen.cache import DiskCache
@@ -575,7 +575,7 @@ def test_progress_is_a_line_every_few_seconds_when_not_a_terminal(env, tmp_path,
     assert re.findall(r"^build: .*$", result.stderr, re.M) == [
         re.search(r"^build: 3/3 done, \d+\.\d s$", result.stderr, re.M).group()]
     # With no interval, every step shows.
-    monkeypatch.setattr(kgen.cli, "PROGRESS_INTERVAL_S", 0.0)
+    monkeypatch.setattr(kgen.cli.progress, "PROGRESS_INTERVAL_S", 0.0)
     result = invoke(args, env)
     counts = re.findall(r"^build: (\d)/3 done, \d+\.\d s$", result.stderr, re.M)
     assert counts[-1] == "3" and counts == sorted(counts) and len(counts) >= 3
