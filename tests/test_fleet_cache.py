@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tracemalloc
 import warnings
 import zipfile
 from pathlib import Path
@@ -295,6 +296,61 @@ def test_import_errors_are_one_line_from_the_command(prebuilt, tmp_path):
                           timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("error: cannot import ") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+class Zeros:
+    """A file of ``size`` zero bytes that is never in memory whole (for tarfile.addfile)."""
+
+    def __init__(self, size: int):
+        self.left = size
+
+    def read(self, size: int = -1) -> bytes:
+        n = self.left if size < 0 else min(size, self.left)
+        self.left -= n
+        return bytes(n)
+
+
+def bomb(archive: Path, out: Path, target: str, size: int, manifest_first: bool) -> Path:
+    """``archive`` as a .tar.gz whose member ``target`` (an entry's name, or manifest.json) is ``size`` zero bytes;
+    the manifest still describes the real entry, so it declares that member small."""
+    with tarfile.open(archive) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    names = sorted(members, key=lambda name: (name == "manifest.json") != manifest_first)
+    target = _entry_names(members)[0] if target == "entry" else target
+    with tarfile.open(out, "w:gz", compresslevel=1) as tar:
+        for name in names:
+            info = tarfile.TarInfo(name)
+            info.size = size if name == target else len(members[name])
+            tar.addfile(info, Zeros(size) if name == target else io.BytesIO(members[name]))
+    assert out.stat().st_size < 1 << 20  # a small file
+    return out
+
+
+@pytest.mark.parametrize("target,size,manifest_first,reason", [
+    ("entry", 200 << 20, True, "over the 64 MiB kgen accepts"),
+    ("entry", 200 << 20, False, "over the 64 MiB kgen accepts"),
+    ("entry", 8 << 20, True, "bytes, but manifest.json says"),
+    ("entry", 8 << 20, False, "bytes, but manifest.json says"),
+    ("manifest.json", 200 << 20, True, "over the 16 MiB kgen accepts"),
+], ids=["entry-200MB", "entry-200MB-manifest-last", "entry-8MB", "entry-8MB-manifest-last", "manifest-200MB"])
+def test_import_of_a_gzip_bomb_refuses_it_without_holding_it_in_memory(prebuilt, tmp_path, target, size,
+                                                                       manifest_first, reason):
+    archive = tmp_path / "cubins.tar"
+    assert kgen_cli(["cache", "export", str(archive)], prebuilt).exit_code == 0
+    bombed = bomb(archive, tmp_path / "bomb.tar.gz", target, size, manifest_first)
+    destination = tmp_path / "target"
+    tracemalloc.start()
+    try:
+        result = kgen_cli(["cache", "import", str(bombed)], destination)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: cannot import {bombed}: ") and result.stderr.count("\n") == 1
+    assert reason in result.stderr, result.stderr
+    assert result.stderr.endswith("; nothing was imported\n")
+    assert peak < 4 << 20, f"peak {peak} bytes"  # the archive's few real entries, not the bomb
+    assert not destination.exists()
 
 
 # --------------------------------------------------------------------------- layers

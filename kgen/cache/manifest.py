@@ -1,7 +1,7 @@
 """What travels with cache entries to a fleet: the manifest, and the entries packed with it.
 
 The manifest names kgen's and NVRTC's versions and, per entry, its key,
-variant, arch and SHA-256. An archive (kgen.cache.archive) and a wheel
+variant, arch, size and SHA-256 (format 2; format 1 had no size). An archive (kgen.cache.archive) and a wheel
 (kgen.cache.wheel) both carry one; an import or an installed wheel is checked
 against it.
 """
@@ -17,7 +17,7 @@ from kgen.compiler import nvrtc_version
 
 MANIFEST = "manifest.json"
 #: Bumped whenever the manifest's fields or their meaning change.
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
 
 
 class ArchiveError(ValueError):
@@ -37,7 +37,8 @@ class PackedEntry:
 
     def manifest_row(self) -> dict:
         return {"file": self.file_name, "key": self.entry.key, "variant": self.entry.variant_name,
-                "arch": self.entry.record.arch, "sha256": hashlib.sha256(self.blob).hexdigest()}
+                "arch": self.entry.record.arch, "size": len(self.blob),
+                "sha256": hashlib.sha256(self.blob).hexdigest()}
 
 
 def toolchain() -> dict[str, str]:
