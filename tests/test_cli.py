@@ -8,6 +8,7 @@ in a subprocess.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -22,7 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kgen
+import kgen.cache.store
 import kgen.cli.progress
+import kgen.jit
 import kgen.layout
 from kgen import arch, config, registry
 from kgen.cache import DiskCache
@@ -580,6 +583,74 @@ def test_progress_is_a_line_every_few_seconds_when_not_a_terminal(env, tmp_path,
     counts = re.findall(r"^build: (\d)/3 done, \d+\.\d s$", result.stderr, re.M)
     assert counts[-1] == "3" and counts == sorted(counts) and len(counts) >= 3
     assert "\r" not in result.stderr and "\x1b" not in result.stderr  # no bar drawing in a log
+
+
+class FullDisk:
+    """A file whose every write fails as on a full disk."""
+
+    open_fd = staticmethod(os.fdopen)
+
+    def __init__(self, fd: int, mode: str):
+        self.file = self.open_fd(fd, mode)
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def unusable_cache(case: str, tmp_path: Path, cache_dir: Path, monkeypatch) -> tuple[str, str]:
+    """Make the cache ``case`` (read-only, a file, /dev/null, a full disk); return KGEN_CACHE_DIR and the reason."""
+    if case == "read-only":
+        # Tests run as root, where chmod makes nothing read-only: os.access answers as on a read-only mount.
+        cache_dir.mkdir(exist_ok=True)
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if str(path).startswith(str(cache_dir))
+                            else real_access(path, mode, **kw))
+        return str(cache_dir), f"no folder on the cache path {cache_dir} is writable"
+    if case == "a file":
+        cache_dir.write_bytes(b"not a folder")
+        return str(cache_dir), f"no folder on the cache path {cache_dir} is writable"
+    if case == "/dev/null":
+        return "/dev/null", "no folder on the cache path /dev/null is writable"
+    monkeypatch.setattr(kgen.cache.store.os, "fdopen", FullDisk)
+    return str(cache_dir), f"cannot write to cache folder {cache_dir} ([Errno 28] No space left on device)"
+
+
+@pytest.mark.parametrize("case", ["read-only", "a file", "/dev/null", "disk full"])
+def test_build_exits_1_in_one_line_when_the_cache_kept_nothing(env, tmp_path, cache_dir, monkeypatch, case):
+    monkeypatch.setattr(kgen.cache.store, "_warned", set())
+    folder = make_family(tmp_path, "tiny", TINY_TEMPLATE, num_warps=[1, 2])
+    value, reason = unusable_cache(case, tmp_path, cache_dir, monkeypatch)
+    result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "tiny"],
+                    {**env, "KGEN_CACHE_DIR": value})
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("build: ")]
+    assert lines == [f"error: the cache kept none of the 2 variants compiled for sm_90a: {reason}"]
+    assert cache_cells(result.stdout) == ["miss", "miss"]  # it still built and reported them
+
+
+def test_build_from_a_read_only_cache_that_has_every_entry_passes(env, tmp_path, cache_dir, monkeypatch):
+    folder = make_family(tmp_path, "tiny", TINY_TEMPLATE, num_warps=[1, 2])
+    args = ["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "tiny"]
+    assert invoke(args, env).exit_code == 0
+    value, _ = unusable_cache("read-only", tmp_path, cache_dir, monkeypatch)
+    result = invoke(args, {**env, "KGEN_CACHE_DIR": value})
+    assert result.exit_code == 0, result.output  # a fleet node's check: every row a hit, nothing to keep
+    assert cache_cells(result.stdout) == ["hit", "hit"]
+
+
+def test_the_cache_path_of_the_op_still_only_warns(tmp_path, monkeypatch):
+    """The run-time path is unchanged: no writable cache is a warning, and the variant is built in memory."""
+    monkeypatch.setattr(kgen.cache.store, "_warned", set())
+    variant = registry.current().family(FAMILY).variants[0]
+    with config.overrides(KGEN_CACHE_DIR="/dev/null"), pytest.warns(RuntimeWarning, match="compiling in memory"):
+        assert kgen.jit.build(variant, "sm_90a").cubin[:4] == b"\x7fELF"
 
 
 def test_cache_info_and_clear_on_an_empty_or_missing_cache(env, cache_dir):

@@ -12,13 +12,13 @@ from kgen.cache.archive import ARCHIVE_SUFFIXES, import_entries, read_archive, w
 from kgen.cache.layers import CacheLayers, Layer, cache_layers, installed_caches
 from kgen.cache.manifest import (MANIFEST, ArchiveError, PackedEntry, check_toolchain, collect_entries,
                                  make_manifest, toolchain)
-from kgen.cache.store import (ENTRY_SUFFIX, LOCK_STRIPES, CacheEntry, CacheError, DiskCache, cache_key, decode_entry,
-                              encode_entry, read_only_hint, warn_once)
+from kgen.cache.store import (ENTRY_SUFFIX, LOCK_STRIPES, CacheEntry, CacheError, CacheWarning, DiskCache,
+                              UnwritableCacheWarning, cache_key, decode_entry, encode_entry, read_only_hint, warn_once)
 from kgen.cache.wheel import ENTRY_POINT_GROUP, write_wheel
 
 __all__ = [
     "ARCHIVE_SUFFIXES", "ENTRY_POINT_GROUP", "ENTRY_SUFFIX", "LOCK_STRIPES", "MANIFEST", "ArchiveError", "CacheEntry",
-    "CacheError", "CacheLayers", "DiskCache", "Layer", "PackedEntry", "cache_key", "cache_layers", "check_toolchain",
+    "CacheError", "CacheLayers", "CacheWarning", "DiskCache", "Layer", "PackedEntry", "cache_key", "cache_layers", "check_toolchain",
     "collect_entries", "decode_entry", "encode_entry", "import_entries", "installed_caches", "make_manifest",
-    "read_archive", "read_only_hint", "toolchain", "warn_once", "write_archive", "write_wheel",
+    "read_archive", "read_only_hint", "toolchain", "UnwritableCacheWarning", "warn_once", "write_archive", "write_wheel",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import click
@@ -21,6 +22,7 @@ import kgen.cli.progress as progress_module
 from kgen import build_gates, config, jit, layout, registry as registry_module
 from kgen.arch import Arch, ArchError
 from kgen.arch import parse as parse_arch
+from kgen.cache import CacheWarning, UnwritableCacheWarning, cache_layers
 from kgen.cli.errors import CommandError, echo_error
 from kgen.compiler import CompileError
 from kgen.registry import Variant
@@ -59,14 +61,43 @@ def build_cmd(arch_names: tuple[str, ...], jobs: int, families: tuple[str, ...])
     for target, variants in plan.items():
         if not variants:
             continue  # its skip lines said why
-        results, failures = _build_all(variants, target.name, jobs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CacheWarning)
+            results, failures = _build_all(variants, target.name, jobs)
         console.print(f"kgen build for {target.name} ({len(variants)} variants)", highlight=False)
         problems = _report(variants, results, failures, target)
-        for line in problems:
+        unkept = _not_cached(list(results.values()), target.name, caught)
+        for line in problems + unkept:
             echo_error(line)
-        failed = failed or bool(problems)
+        failed = failed or bool(problems or unkept)
     if failed:
         sys.exit(1)
+
+
+def _not_cached(results: list, arch: str, caught: list[warnings.WarningMessage]) -> list[str]:
+    """One line if some variant this build compiled is not in the cache (its job is to fill it), else none.
+
+    The cache's warnings during the build say why (a read-only folder, a path
+    that is a file, a full disk); they are folded into that line, and others
+    are printed as one ``warning:`` line each.
+    """
+    reasons = []
+    for warning in caught:
+        text = str(warning.message).removeprefix("kgen: ")
+        if issubclass(warning.category, UnwritableCacheWarning):
+            reasons.append(text.removesuffix("; compiling in memory"))
+        else:
+            echo_error(f"warning: {text}")
+    compiled = [r for r in results if not r.cache_hit]
+    writable = cache_layers().writable
+    unkept = [r for r in compiled if writable is None or not writable.holds(r.key)]
+    if not unkept:
+        return []
+    if not reasons:
+        reasons = [f"no folder on the cache path {os.pathsep.join(map(str, config.cache_dirs()))} is writable"
+                   if writable is None else f"{writable.root} does not hold their entries"]
+    kept = "none" if len(unkept) == len(compiled) else str(len(compiled) - len(unkept))
+    return [f"error: the cache kept {kept} of the {_count(len(compiled))} compiled for {arch}: {'; '.join(reasons)}"]
 
 
 def _targets(arch_names: tuple[str, ...]) -> list[Arch]:
@@ -165,3 +196,7 @@ def _report(variants: list[Variant], results: dict, failures: dict[str, str], ta
             )
         console.print(table)
     return problems
+
+
+def _count(n: int, noun: str = "variant") -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
