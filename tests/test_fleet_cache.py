@@ -353,6 +353,61 @@ def test_import_of_a_gzip_bomb_refuses_it_without_holding_it_in_memory(prebuilt,
     assert not destination.exists()
 
 
+# --------------------------------------------------------------------------- verify
+
+
+def plant(folder: Path, key: str, cubin: bytes, variant_name: str, record) -> Path:
+    """An entry with a valid digest, written as anyone who can write to ``folder`` could; returns its path."""
+    path = folder / f"{key}.cubin.kgen"
+    path.write_bytes(kgen.cache.store.encode_entry(kgen.cache.store.CacheEntry(key, cubin, record, variant_name)))
+    return path
+
+
+def test_cache_verify_passes_a_cache_of_what_its_variants_compile_to(prebuilt, tmp_path):
+    shared = tmp_path / "shared"
+    shutil.copytree(prebuilt, shared)
+    result = kgen_cli(["cache", "verify", "-j", "2"], shared)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "verified 3 entries: 3 match\n"
+    assert [line for line in result.stderr.splitlines() if not line.startswith("verify: ")] == []
+
+
+def test_cache_verify_fails_a_planted_cubin_and_reports_entries_kgen_never_loads(prebuilt, tmp_path):
+    shared = tmp_path / "shared"
+    shutil.copytree(prebuilt, shared)
+    entries = [kgen.cache.store.decode_entry(p.read_bytes()) for p in DiskCache(shared).entries()]
+    victim, other = entries[0], entries[1]
+    # Another variant's cubin under the victim's key, with a digest that matches: loading checks only the digest.
+    planted = plant(shared, victim.key, other.cubin, victim.variant_name, victim.record)
+    assert DiskCache(shared).get(victim.key).cubin == other.cubin
+    stale = plant(shared, "0" * 64, victim.cubin, victim.variant_name, victim.record)
+    gone = plant(shared, "1" * 64, victim.cubin, "no_such_family[x=1]", victim.record)
+    (shared / f"{'2' * 64}.cubin.kgen").write_bytes(b"not an entry")
+
+    result = kgen_cli(["cache", "verify"], shared)
+    assert result.exit_code == 1, result.output
+    assert result.stdout == "verified 6 entries: 1 mismatch, 2 match, 1 stale, 1 gone, 1 corrupt\n"
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("verify: ")]
+    assert len(lines) == 4
+    assert f"mismatch: {victim.variant_name} for {ARCH}: {planted}: its cubin ({len(other.cubin)} bytes) is not " \
+           f"what its variant compiles to ({len(victim.cubin)} bytes)" in lines
+    assert any(line.startswith(f"stale: {victim.variant_name} for {ARCH}: {stale}: ") for line in lines)
+    assert f"gone: no_such_family[x=1] for {ARCH}: {gone}: no such variant on the spec path" in lines
+    assert any(line.startswith(f"corrupt: {shared / ('2' * 64 + '.cubin.kgen')}: ") for line in lines)
+
+    # Only the entries kgen never loads: reported, and the cache passes.
+    planted.unlink()
+    result = kgen_cli(["cache", "verify", "--arch", ARCH], shared)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "verified 5 entries: 2 match, 1 stale, 1 gone, 1 corrupt\n"
+
+
+def test_cache_verify_of_an_empty_cache_is_an_error(tmp_path):
+    result = kgen_cli(["cache", "verify"], tmp_path / "empty")
+    assert result.exit_code == 2
+    assert result.stderr == "error: nothing to verify: the cache holds no entries\n"
+
+
 # --------------------------------------------------------------------------- layers
 
 

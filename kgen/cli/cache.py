@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import collections
 import os
+import sys
 from pathlib import Path
 
 import click
 
-from kgen import config
+from kgen import config, registry as registry_module
 from kgen.arch import parse as parse_arch
 from kgen.cache import (ARCHIVE_SUFFIXES, ArchiveError, DiskCache, cache_layers, collect_entries, import_entries,
-                        read_archive, write_archive, write_wheel)
-from kgen.cli.errors import CommandError, echo_error
+                        read_archive, verify_caches, write_archive, write_wheel)
+from kgen.cache.verify import VERDICTS
+from kgen.cli.errors import CommandError, echo_error, plural
+from kgen.cli.progress import progress
 
 
 @click.group("cache")
@@ -71,6 +74,36 @@ def cache_export(path: Path | None, wheel_dir: Path | None, arch_names: tuple[st
     counts = collections.Counter(p.entry.record.arch for p in packed)
     click.echo(f"exported {len(packed)} entries ({', '.join(f'{a}: {n}' for a, n in sorted(counts.items()))}) "
                f"to {written}")
+
+
+@cache_group.command("verify")
+@click.option("--arch", "arch_names", multiple=True, help="Only entries for this arch; repeatable.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default=True,
+              help="Parallel compiles.")
+def cache_verify(arch_names: tuple[str, ...], jobs: int) -> None:
+    """Recompile the variant of every entry of every layer and compare the cubins.
+
+    Entries are checked for integrity when loaded, not for who wrote them: this
+    is how a fleet checks a cache others can write to. Exits 1 if a cubin kgen
+    would load is not what its variant compiles to (or cannot be recompiled);
+    entries kgen never loads (corrupt, of a variant no longer on the spec path,
+    or of a changed source) are reported and do not fail.
+    """
+    archs = {parse_arch(name, "--arch").name for name in arch_names}
+    caches = [layer.cache for layer in cache_layers().layers]
+    total = sum(len(cache.entries()) for cache in caches)
+    if total == 0:
+        raise CommandError("nothing to verify: the cache holds no entries")
+    with progress(total, "cache", job="verify") as show:
+        verdicts = verify_caches(caches, registry_module.current().variants(), jobs, archs, show)
+    counts = collections.Counter(v.status for v in verdicts)
+    for verdict in verdicts:
+        if verdict.status != "match":
+            echo_error(verdict.line())
+    summary = ", ".join(f"{counts[s]} {s}" for s in VERDICTS if counts[s])
+    click.echo(f"verified {plural(len(verdicts), 'entry', 'entries')}: {summary or 'none'}")
+    if any(v.failed for v in verdicts):
+        sys.exit(1)
 
 
 @cache_group.command("import")

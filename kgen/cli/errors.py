@@ -36,3 +36,8 @@ class CommandError(click.ClickException):
 
     def show(self, file=None) -> None:
         echo_error(f"error: {self.message}")
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 variant``, ``2 variants``: the count with its noun."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"

@@ -17,13 +17,16 @@ PROGRESS_INTERVAL_S = 5.0
 
 
 @contextlib.contextmanager
-def progress(total: int, arch: str) -> Iterator[Callable[[int], None]]:
-    """A function taking the number of variants done: a rich bar on a terminal, else a line every few seconds."""
+def progress(total: int, description: str, job: str = "build") -> Iterator[Callable[[int], None]]:
+    """A function taking the number of items done: a rich bar on a terminal, else a line every few seconds.
+
+    The line reads ``<job>: <done>/<total> done, <seconds> s``; the bar, ``<job> <description>``.
+    """
     if _stderr.is_terminal:
-        bar = Progress(TextColumn("[bold]build[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
+        bar = Progress(TextColumn(f"[bold]{job}[/bold] {{task.description}}"), BarColumn(), MofNCompleteColumn(),
                        TimeElapsedColumn(), console=_stderr, transient=True)
         with bar:
-            task = bar.add_task(arch, total=total)
+            task = bar.add_task(description, total=total)
             yield lambda done: bar.update(task, completed=done)
         return
     started = last = time.monotonic()
@@ -33,6 +36,6 @@ def progress(total: int, arch: str) -> Iterator[Callable[[int], None]]:
         now = time.monotonic()
         if now - last >= PROGRESS_INTERVAL_S or done == total:
             last = now
-            echo_error(f"build: {done}/{total} done, {now - started:.1f} s")
+            echo_error(f"{job}: {done}/{total} done, {now - started:.1f} s")
 
     yield line
