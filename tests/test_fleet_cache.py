@@ -134,7 +134,7 @@ def test_export_takes_only_the_archs_asked_for(prebuilt, tmp_path):
     archive = tmp_path / "sm_100a.tgz"
     result = kgen_cli(["cache", "export", str(archive), "--arch", "sm_100a"], folder)
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"exported 1 entries (sm_100a: 1) to {archive}\n"
+    assert result.stdout == f"exported 1 entry (sm_100a: 1) to {archive}\n"
     with tarfile.open(archive) as tar:
         manifest = json.loads(tar.extractfile("manifest.json").read())
     assert manifest["archs"] == ["sm_100a"]
@@ -174,8 +174,8 @@ def test_export_leaves_out_invalid_entries_and_says_so(prebuilt, tmp_path):
     result = kgen_cli(["cache", "export", str(tmp_path / "out.tar")], folder)
     assert result.exit_code == 0, result.output
     assert "exported 3 entries" in result.stdout
-    assert result.stderr == ("skip: 1 files that are not valid entries of this kgen (corrupt, or of another entry "
-                             "format): not exported\n")
+    assert result.stderr == ("skip: 1 file not exported: not a valid entry of this kgen (corrupt, or of another entry "
+                             "format)\n")
 
 
 def rewrite(archive: Path, out: Path, change) -> Path:
@@ -439,7 +439,7 @@ def test_new_entries_go_to_the_first_writable_folder(prebuilt, tmp_path):
     size = DiskCache(writable).entries()[0].stat().st_size
     ro_size = sum(p.stat().st_size for p in DiskCache(read_only).entries())
     assert info.stdout.splitlines() == [
-        f"writable: {writable} (1 entries, {size} bytes)",
+        f"writable: {writable} (1 entry, {size} bytes)",
         f"read-only: {blocked} (0 entries, 0 bytes)",
         f"read-only: {read_only} (3 entries, {ro_size} bytes)",
     ]
@@ -497,7 +497,7 @@ def test_cache_clear_clears_only_the_writable_layer(prebuilt, tmp_path):
         kgen.jit.build(variants()[0], "sm_100a")
     result = kgen_cli(["cache", "clear"], writable, read_only)
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"removed 1 entries from {writable}\n"
+    assert result.stdout == f"removed 1 entry from {writable}\n"
     assert DiskCache(writable).entries() == []
     assert snapshot(read_only) == snapshot(prebuilt)
 

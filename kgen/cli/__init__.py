@@ -18,13 +18,13 @@ import click
 from kgen import __version__, registry as registry_module
 from kgen.cli.build import build_cmd
 from kgen.cli.cache import cache_group
-from kgen.cli.errors import KGEN_ERRORS, CommandError, echo_error, printable
+from kgen.cli.errors import KGEN_ERRORS, CommandError, OneLineErrors, echo_error, printable
 from kgen.cli.specs import list_cmd, render_cmd
 
 __all__ = ["CommandError", "cli", "main", "printable"]
 
 
-@click.group()
+@click.group(cls=OneLineErrors)
 @click.version_option(__version__, prog_name="kgen")
 @click.option("--spec-path", "spec_paths", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Also search this folder for specs (before KGEN_SPEC_PATH and the built-ins); repeatable.")

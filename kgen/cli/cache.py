@@ -1,4 +1,4 @@
-"""``kgen cache ...``: inspect, clear, export and import the on-disk cubin cache."""
+"""``kgen cache ...``: inspect, clear, export, import and verify the on-disk cubin cache."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from kgen.cli.progress import progress
 
 @click.group("cache")
 def cache_group() -> None:
-    """Inspect, clear, export or import the on-disk cubin cache."""
+    """Inspect, clear, export, import or verify the on-disk cubin cache."""
 
 
 @cache_group.command("info")
@@ -33,14 +33,15 @@ def cache_info() -> None:
         entries = layer.cache.entries()
         size = sum(p.stat().st_size for p in entries)
         origin = f" from {layer.origin}" if layer.origin else ""
-        click.echo(f"{layer.role}: {layer.cache.root} ({len(entries)} entries, {size} bytes){origin}")
+        click.echo(f"{layer.role}: {layer.cache.root} ({plural(len(entries), 'entry', 'entries')}, "
+                   f"{plural(size, 'byte')}){origin}")
 
 
 @cache_group.command("clear")
 def cache_clear() -> None:
     """Delete every cubin of the writable layer (and temporary files a killed build left); other layers stay."""
     cache = _writable_layer("clear")
-    click.echo(f"removed {cache.clear()} entries from {cache.root}")
+    click.echo(f"removed {plural(cache.clear(), 'entry', 'entries')} from {cache.root}")
 
 
 @cache_group.command("export")
@@ -52,8 +53,8 @@ def cache_export(path: Path | None, wheel_dir: Path | None, arch_names: tuple[st
     """Pack every entry of every layer into PATH (.tar, .tar.gz or .tgz), or into a wheel with --wheel DIR.
 
     Both carry a manifest (kgen's and NVRTC's versions, and per entry its key,
-    variant, arch and SHA-256) that ``kgen cache import`` and an installed
-    wheel are checked against.
+    variant, arch, size and SHA-256) that 'kgen cache import' and an
+    installed wheel are checked against.
     """
     if (path is None) == (wheel_dir is None):
         raise click.UsageError("give PATH (an archive) or --wheel DIR (a wheel), one of the two")
@@ -62,8 +63,8 @@ def cache_export(path: Path | None, wheel_dir: Path | None, arch_names: tuple[st
     archs = {parse_arch(name, "--arch").name for name in arch_names}
     packed, invalid = collect_entries([layer.cache for layer in cache_layers().layers], archs)
     if invalid:
-        echo_error(f"skip: {invalid} files that are not valid entries of this kgen (corrupt, or of another "
-                   f"entry format): not exported")
+        echo_error(f"skip: {plural(invalid, 'file')} not exported: not a valid entry of this kgen (corrupt, or of "
+                   f"another entry format)")
     if not packed:
         raise CommandError(f"nothing to export: the cache holds no entries{f' for {sorted(archs)}' if archs else ''}")
     if wheel_dir is not None:
@@ -72,7 +73,7 @@ def cache_export(path: Path | None, wheel_dir: Path | None, arch_names: tuple[st
         write_archive(path, packed)
         written = path
     counts = collections.Counter(p.entry.record.arch for p in packed)
-    click.echo(f"exported {len(packed)} entries ({', '.join(f'{a}: {n}' for a, n in sorted(counts.items()))}) "
+    click.echo(f"exported {plural(len(packed), 'entry', 'entries')} ({', '.join(f'{a}: {n}' for a, n in sorted(counts.items()))}) "
                f"to {written}")
 
 
@@ -109,7 +110,7 @@ def cache_verify(arch_names: tuple[str, ...], jobs: int) -> None:
 @cache_group.command("import")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def cache_import(path: Path) -> None:
-    """Add the entries of an archive made by ``kgen cache export`` to the writable layer.
+    """Add the entries of an archive made by 'kgen cache export' to the writable layer.
 
     Every member, digest and entry is checked first: if any is off, or the
     archive was made by another kgen or NVRTC, nothing is added.
@@ -120,7 +121,9 @@ def cache_import(path: Path) -> None:
         raise CommandError(f"cannot import {path}: {exc}; nothing was imported") from None
     cache = _writable_layer("import into")
     added = import_entries(packed, cache)
-    click.echo(f"imported {added} entries into {cache.root} ({len(packed) - added} were there already)")
+    there = len(packed) - added
+    click.echo(f"imported {plural(added, 'entry', 'entries')} into {cache.root} "
+               f"({there} {'was' if there == 1 else 'were'} there already)")
 
 
 def _writable_layer(action: str) -> DiskCache:

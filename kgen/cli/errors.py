@@ -7,6 +7,7 @@ reach a terminal or a CI log.
 from __future__ import annotations
 
 import re
+import sys
 
 import click
 
@@ -27,6 +28,31 @@ def printable(text: str) -> str:
 
 def echo_error(text: str) -> None:
     click.echo(printable(text), err=True)
+
+
+class OneLineErrors(click.Group):
+    """A group whose refusals are one ``error: ...`` line and exit status 2, never click's usage block.
+
+    Click prints a usage error as ``Usage: ...``, ``Try '... --help'`` and
+    ``Error: ...`` on three lines; kgen's every refusal is one line, so a script
+    or a CI log can tell them apart from output by their first word.
+    """
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # a group named without a command: its help
+            click.echo(exc.ctx.get_help())
+            sys.exit(0)
+        except click.ClickException as exc:
+            echo_error(f"error: {' '.join(exc.format_message().split())}")
+            sys.exit(2)
+        except click.Abort:
+            echo_error("error: aborted")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 class CommandError(click.ClickException):
