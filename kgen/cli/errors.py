@@ -17,6 +17,9 @@ from kgen.spec import SpecError
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
+#: Click 8.2 and later raise it for a group named without a command (8.1 prints the help itself).
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
 #: What kgen raises for bad input or an unusable environment: reported in one message, never as a traceback.
 KGEN_ERRORS = (SpecError, CompileError, RenderError, ValueError, OSError)
 
@@ -43,7 +46,7 @@ class OneLineErrors(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.exceptions.NoArgsIsHelpError as exc:  # a group named without a command: its help
+        except _NO_ARGS_IS_HELP as exc:  # a group named without a command: its help
             click.echo(exc.ctx.get_help())
             sys.exit(0)
         except click.ClickException as exc:
