@@ -2,7 +2,7 @@
 
 Compilation goes through ``cuda.core.Program``. The ``-v`` log of ptxas is
 parsed into a :class:`BuildRecord` (registers, spills, stack, shared memory per
-entry), which ``kgen build`` prints and which gates spills.
+entry), which ``kgen build`` prints; the gates it must pass are kgen.build_gates.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import cuda.pathfinder
 from cuda.bindings import nvrtc
 from cuda.core import Program, ProgramOptions
 
-from kgen import config
+from kgen import build_gates, config
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 _PROPS = re.compile(r"Function properties for (\w+)")
@@ -32,11 +32,6 @@ PROGRAM_NAME = "kgen_variant"
 # Only diagnostics located in the rendered source itself; those in included headers carry the header's name.
 _DIAGNOSTIC = re.compile(rf"^{PROGRAM_NAME}\((\d+)\): (error|catastrophic error)", re.M)
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
-#: ptxas warnings that a Hopper kernel lost its design: wgmma serialised (C7510-C7520: too few
-#: registers, accumulators touched inside a fence..wait window, ...) or setmaxnreg ignored.
-#: They fail the build as spills do: such a kernel is correct but runs far below its speed.
-_LOST_PERFORMANCE = re.compile(r"^.*(?:\(C75(?:0[89]|1\d|20)\)|wgmma\.mma_async instructions are serialized"
-                               r"|'?setmaxnreg'? ignored).*$", re.M)
 
 
 @dataclass
@@ -251,10 +246,9 @@ def compile_cubin(source: str, arch: str, variant_name: str) -> tuple[bytes, Bui
     The record's ptxas report covers every kernel of the cubin, or this raises.
     """
     cubin, record = _compile_once(source, arch, variant_name)
-    missing = sorted(cubin_kernels(cubin) - set(record.entries))
-    if missing:
-        raise CompileError(f"{variant_name}: ptxas reported no resources for {', '.join(missing)} "
-                           f"(registers and spills unknown)")
+    unreported = build_gates.unreported_kernels(variant_name, cubin_kernels(cubin), record.entries)
+    if unreported:
+        raise CompileError(unreported)
     return cubin, record
 
 
@@ -272,10 +266,9 @@ def _compile_once(source: str, arch: str, variant_name: str) -> tuple[bytes, Bui
         ) from None
     elapsed_ms = (time.perf_counter() - started) * 1e3
     text = log.getvalue()
-    lost = [line.strip() for line in _LOST_PERFORMANCE.findall(text)]
+    lost = build_gates.lost_design(variant_name, arch, text)
     if lost:
-        raise CompileError(f"{variant_name} for {arch}: ptxas says the kernel loses its Hopper design:\n"
-                           + "\n".join(lost))
+        raise CompileError(lost)
     record = BuildRecord(arch=arch, compile_ms=elapsed_ms, entries=parse_ptxas_log(text),
                          callee_spill_bytes=parse_callee_spills(text))
     return bytes(code.code), record

@@ -17,8 +17,7 @@ from cuda.core import Device, Kernel, ObjectCode
 
 from kgen import arch as arch_module
 from kgen import config
-from kgen.cache import CacheEntry, cache_key, warn_once
-from kgen.cache_layers import cache_layers
+from kgen.cache import CacheEntry, cache_key, cache_layers, warn_once
 from kgen.compiler import BuildRecord, CompileError, compile_cubin, cubin_kernels
 from kgen.registry import Variant
 from kgen.render import render

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kgen.cache
+import kgen.cache.store
 import kgen.compiler
 import kgen.config
 import kgen.jit
@@ -76,10 +76,10 @@ def test_cache_key_depends_on_arch():
 
 def test_cache_key_depends_on_kgen_version(monkeypatch):
     before = cache_key(SOURCE, ARCH)
-    monkeypatch.setattr(kgen.cache, "__version__", "999.0.0")
+    monkeypatch.setattr(kgen.cache.store, "__version__", "999.0.0")
     bumped = cache_key(SOURCE, ARCH)
     assert bumped != before
-    monkeypatch.setattr(kgen.cache, "__version__", kgen.__version__)
+    monkeypatch.setattr(kgen.cache.store, "__version__", kgen.__version__)
     assert cache_key(SOURCE, ARCH) == before
 
 
@@ -90,7 +90,7 @@ def include_folder(tmp_path, monkeypatch):
     folder.mkdir()
     fake = lambda: (str(folder),)  # noqa: E731
     monkeypatch.setattr(kgen.compiler, "include_dirs", fake)
-    monkeypatch.setattr(kgen.cache, "include_dirs", fake, raising=False)
+    monkeypatch.setattr(kgen.cache.store, "include_dirs", fake, raising=False)
     return folder
 
 
@@ -165,7 +165,7 @@ def test_cache_key_names_no_include_folder_only_header_content(tmp_path, monkeyp
 ], ids=["nvrtc-full-version", "record-format", "entry-format"])
 def test_cache_key_depends_on_toolchain_and_formats(monkeypatch, name, value):
     before = cache_key(SOURCE, ARCH)
-    monkeypatch.setattr(kgen.cache, name, value)
+    monkeypatch.setattr(kgen.cache.store, name, value)
     assert cache_key(SOURCE, ARCH) != before
 
 
@@ -263,7 +263,7 @@ def test_disk_cache_get_treats_any_flipped_byte_as_a_miss(tmp_path, position, ma
 
 def test_an_entry_under_another_key_is_corrupt(cache_dir, monkeypatch):
     # A valid entry of one variant copied over another's file must not be served for the other.
-    monkeypatch.setattr(kgen.cache, "_warned", set())
+    monkeypatch.setattr(kgen.cache.store, "_warned", set())
     a, b = _merge_variant(head_dim=64), _merge_variant(head_dim=128)
     first_a, first_b = kgen.jit.build(a, ARCH), kgen.jit.build(b, ARCH)
     cache = DiskCache(cache_dir)
@@ -293,13 +293,13 @@ def _flip_in_cubin(blob: bytes, cubin: bytes) -> bytes:
 
 
 def _truncate_to_header(blob: bytes, cubin: bytes) -> bytes:
-    return blob[: len(kgen.cache._MAGIC) + 2]
+    return blob[: len(kgen.cache.store._MAGIC) + 2]
 
 
 @pytest.mark.parametrize("damage", [_truncate, _flip_in_cubin, _truncate_to_header],
                          ids=["truncated", "cubin-byte-flipped", "cut-in-length-prefix"])
 def test_corrupt_entry_is_reported_and_rebuilt(damage, cache_dir, monkeypatch):
-    monkeypatch.setattr(kgen.cache, "_warned", set())
+    monkeypatch.setattr(kgen.cache.store, "_warned", set())
     variant = _merge_variant()
     first = kgen.jit.build(variant, ARCH)
     assert first.cache_hit is False
@@ -333,7 +333,7 @@ def test_corrupt_entry_is_reported_and_rebuilt(damage, cache_dir, monkeypatch):
 
 def test_cache_folder_beneath_a_file(tmp_path, monkeypatch):
     # Tests run as root, where chmod cannot make a folder unwritable; a path under a regular file is never usable.
-    monkeypatch.setattr(kgen.cache, "_warned", set())
+    monkeypatch.setattr(kgen.cache.store, "_warned", set())
     afile = tmp_path / "afile"
     afile.write_bytes(b"not a folder")
     root = afile / "cache"
@@ -415,7 +415,7 @@ def test_put_publishes_a_complete_file_by_rename(tmp_path, monkeypatch):
         calls.append((src, dst, dst.exists(), decode_entry(src.read_bytes())))
         real_replace(src, dst)
 
-    monkeypatch.setattr(kgen.cache.os, "replace", spy)
+    monkeypatch.setattr(kgen.cache.store.os, "replace", spy)
     cache.put(entry)
     [(src, dst, existed, published)] = calls
     assert dst == cache.root / "aa.cubin.kgen"
@@ -433,9 +433,9 @@ def test_failed_put_leaves_nothing(tmp_path, monkeypatch, fail_in):
         raise OSError(28, "No space left on device")
 
     if fail_in == "replace":
-        monkeypatch.setattr(kgen.cache.os, "replace", boom)
+        monkeypatch.setattr(kgen.cache.store.os, "replace", boom)
     else:
-        monkeypatch.setattr(kgen.cache, "encode_entry", boom)
+        monkeypatch.setattr(kgen.cache.store, "encode_entry", boom)
     with pytest.raises(OSError, match="No space"):
         cache.put(_sample_entry())
     assert sorted(p.name for p in cache.root.iterdir()) == ["old.cubin.kgen"]
@@ -582,7 +582,7 @@ def test_clear_of_an_unwritable_cache_says_so(tmp_path, monkeypatch):
     def read_only(path, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(kgen.cache.Path, "unlink", read_only)
+    monkeypatch.setattr(kgen.cache.store.Path, "unlink", read_only)
     with pytest.raises(CacheError) as info:
         cache.clear()
     message = str(info.value)
@@ -594,3 +594,41 @@ def test_clear_of_an_unwritable_cache_says_so(tmp_path, monkeypatch):
 def test_clear_of_a_missing_cache_creates_nothing(tmp_path):
     assert DiskCache(tmp_path / "nowhere").clear() == 0
     assert not (tmp_path / "nowhere").exists()
+
+
+# --------------------------------------------------------------------------- dependencies
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The modules that build, key and store cubins: they use cuda.core's public API only (a private module may
+#: change in any release, and the dependency bound would not catch it).
+PUBLIC_API_ONLY = ["kgen/cache", "kgen/cli", "kgen/compiler.py", "kgen/build_gates.py", "kgen/__main__.py"]
+
+
+def _imported_modules(path: Path) -> set[str]:
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+    return found
+
+
+def test_cache_and_build_modules_import_no_private_cuda_core_module():
+    files = [p for entry in PUBLIC_API_ONLY for p in ((REPO_ROOT / entry).rglob("*.py")
+                                                        if (REPO_ROOT / entry).is_dir() else [REPO_ROOT / entry])]
+    assert len(files) > 10
+    private = {f"{p.relative_to(REPO_ROOT)}: {m}" for p in files for m in _imported_modules(p)
+               if m.startswith("cuda.core") and any(part.startswith("_") for part in m.split("."))}
+    assert not private, sorted(private)
+
+
+def test_every_cuda_dependency_has_an_upper_bound():
+    import tomllib
+
+    dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    cuda = [d for d in dependencies if d.startswith(("cuda-", "nvidia-"))]
+    assert "cuda-pathfinder>=1.3,<2" in cuda
+    assert all("<" in d for d in cuda), cuda

@@ -8,6 +8,7 @@ in a subprocess.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -22,8 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kgen
-import kgen.cli
-import kgen.layout
+import kgen.cache.store
+import kgen.cli.progress
+import kgen.jit
+import kgen.cli.report
+import kgen.contract
 from kgen import arch, config, registry
 from kgen.cache import DiskCache
 from kgen.cli import cli, printable
@@ -113,7 +117,8 @@ def make_family(root: Path, family: str, template: str, *, allow_spills: bool | 
 
 
 def cache_cells(output: str) -> list[str]:
-    return re.findall(r"\b(hit|miss)\b", output)
+    """The cache column of every variant's line of a build report, in order."""
+    return re.findall(r"^  \s*\S+  .*?\b(hit|miss)\s{2,}\S", output, re.M)
 
 
 def builtin_variant_count() -> int:
@@ -121,18 +126,18 @@ def builtin_variant_count() -> int:
 
 
 def table_rows(stdout: str, family: str, arch: str | None = None) -> list[list[str]]:
-    """The first line of each row of ``family``'s build table (for ``arch``, if given), split into cells
-    (label, regs, spills, ...)."""
+    """The line of each variant of ``family``'s build report (for ``arch``, if given), as cells in the order
+    label, regs, spills, smem, dyn smem, ms, cache (the line itself puts the label last)."""
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines)
                  if line.startswith(f"{family} (") and (arch is None or line.rstrip().endswith(f" for {arch}")))
+    assert lines[start + 1].split() == ["regs", "spills", "smem", "dyn", "smem", "ms", "cache", "variant"]
     rows = []
-    for line in lines[start + 1:]:
-        if re.match(r"^\S+ \(\d+ variants\)", line):
-            break  # the next family's table
+    for line in lines[start + 2:]:
         cells = re.split(r"\s{2,}", line.strip())
-        if len(cells) == 7 and cells[-1] in ("hit", "miss", "FAILED"):
-            rows.append(cells)
+        if len(cells) != 7 or cells[5] not in ("hit", "miss", "FAILED"):
+            break  # the next family's title, the next arch, or the summary
+        rows.append([cells[6], *cells[:6]])
     return rows
 
 
@@ -317,7 +322,7 @@ def test_build_takes_the_arch_from_kgen_arch(env, tmp_path):
     folder = make_family(tmp_path, "tiny", TINY_TEMPLATE)
     result = invoke(["--spec-path", str(folder), "build", "--family", "tiny"], {**env, "KGEN_ARCH": "sm_90a"})
     assert result.exit_code == 0, result.output
-    assert "kgen build for sm_90a (1 variants)" in result.output
+    assert "kgen build for sm_90a (1 variant)" in result.output
 
 
 @pytest.mark.parametrize("bad", ["compute_90a", "sm_91", "bogus"])
@@ -357,7 +362,8 @@ def test_build_skips_variants_needing_a_newer_arch_with_one_line_per_family(env,
     result = invoke(args, env)
     assert result.exit_code == 0, result.output
     skips = [line for line in result.stderr.splitlines() if line.startswith("skip:")]
-    assert skips == ["skip: hopper_only: 3 of 3 variants need sm_90 or newer (min_sm in its spec); not built for sm_80"]
+    assert skips == ["skip: hopper_only: 3 of 3 variants not built for sm_80: its variants need sm_90 or newer "
+                     "(min_sm in its spec)"]
     assert "kgen build for sm_80 (2 variants)" in result.stdout
     assert [r[-1] for r in table_rows(result.stdout, "anywhere")] == ["miss", "miss"]
     assert "hopper_only (" not in result.stdout and "ptxas" not in result.output
@@ -375,8 +381,8 @@ def test_build_for_two_archs_prints_each_arch_s_tables_and_skips_per_arch(env, t
     result = invoke(args, env)
     assert result.exit_code == 0, result.output
     skips = [line for line in result.stderr.splitlines() if line.startswith("skip:")]
-    assert skips == ["skip: tiny_mma: 2 of 4 variants with mma=wgmma run on sm_90 only (sm_only in its spec); "
-                     "not built for sm_100a"]
+    assert skips == ["skip: tiny_mma: 2 of 4 variants not built for sm_100a: its variants with mma=wgmma run on "
+                     "sm_90 only (sm_only in its spec)"]
     hopper, blackwell = (result.stdout.index(f"kgen build for {a}") for a in ("sm_90a (4 variants)", "sm_100a (2 variants)"))
     assert hopper < blackwell
     assert "tiny_mma (4 variants) for sm_90a" in result.stdout and "tiny_mma (2 variants) for sm_100a" in result.stdout
@@ -395,7 +401,7 @@ def test_an_arch_given_twice_is_built_once(env, tmp_path):
     result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--arch", "sm_90a", "--family", "tiny"],
                     env)
     assert result.exit_code == 0, result.output
-    assert result.stdout.count("kgen build for sm_90a (1 variants)") == 1
+    assert result.stdout.count("kgen build for sm_90a (1 variant)") == 1
 
 
 def test_build_exits_1_when_one_of_its_archs_fails(env, tmp_path):
@@ -421,7 +427,7 @@ def test_an_arch_with_nothing_to_build_is_skipped_when_another_has_some(env, tmp
     result = invoke([*args, "--arch", "sm_80", "--arch", "sm_90a"], env)
     assert result.exit_code == 0, result.output
     assert "not built for sm_80" in result.stderr
-    assert "kgen build for sm_80" not in result.stdout and "kgen build for sm_90a (1 variants)" in result.stdout
+    assert "kgen build for sm_80" not in result.stdout and "kgen build for sm_90a (1 variant)" in result.stdout
 
     proc = run_kgen([*args, "--arch", "sm_80", "--arch", "sm_86"], env)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
@@ -434,7 +440,7 @@ def test_building_nothing_is_an_error(env, tmp_path):
     proc = run_kgen(["--spec-path", str(hopper), "build", "--arch", "sm_80", "--family", "hopper_only"], env)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert proc.stderr.splitlines() == [
-        "skip: hopper_only: 1 of 1 variants need sm_90 or newer (min_sm in its spec); not built for sm_80",
+        "skip: hopper_only: 1 of 1 variant not built for sm_80: its variants need sm_90 or newer (min_sm in its spec)",
         "error: nothing to build for sm_80: families ['hopper_only'] has no variant for this arch",
     ]
 
@@ -510,7 +516,7 @@ def test_allow_spills_decides_whether_spills_fail_the_build(env, tmp_path, allow
     assert int(row[2]) > 0  # variant, regs, spills, ...
 
 
-class FakeLayout:
+class FakeContract:
     def __init__(self, dynamic_smem_bytes: int):
         self.dynamic_smem_bytes = dynamic_smem_bytes
         self.threads = 32
@@ -520,9 +526,9 @@ def test_build_reports_dynamic_shared_memory_and_fails_a_variant_over_the_limit(
     limit = arch.parse("sm_90a").max_smem_per_block
     assert limit == 232448
     sizes = {1: 1000, 2: limit, 4: limit + 1}  # by num_warps; the tiny kernel has no static shared memory
-    real_layout_of = kgen.layout.layout_of
-    monkeypatch.setattr(kgen.layout, "layout_of", lambda v: FakeLayout(sizes[v.param_dict["num_warps"]])
-                        if v.family.name == "roomy" else real_layout_of(v))
+    real_contract_of = kgen.contract.contract_of
+    monkeypatch.setattr(kgen.cli.report, "contract_of", lambda v: FakeContract(sizes[v.param_dict["num_warps"]])
+                        if v.family.name == "roomy" else real_contract_of(v))
     folder = make_family(tmp_path, "roomy", TINY_TEMPLATE, num_warps=[1, 2, 4])
     result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "roomy"], env)
     assert result.exit_code == 1, result.output
@@ -534,36 +540,112 @@ def test_build_reports_dynamic_shared_memory_and_fails_a_variant_over_the_limit(
                         f"dynamic), over the {limit} a block may have on sm_90a"]
 
 
-def test_build_shows_the_layout_s_dynamic_shared_memory_of_a_builtin_family(env):
+def test_build_shows_the_contract_s_dynamic_shared_memory_of_a_builtin_family(env):
     result = invoke(["build", "--arch", "sm_90a", "--family", FAMILY], env)
     assert result.exit_code == 0, result.output
     variants = registry.current().family(FAMILY).variants
-    expected = [str(kgen.layout.layout_of(v).dynamic_smem_bytes) for v in variants]
+    expected = [str(kgen.contract.contract_of(v).dynamic_smem_bytes) for v in variants]
     assert [r[4] for r in table_rows(result.stdout, FAMILY)] == expected
 
 
-def test_a_family_without_a_layout_shows_no_dynamic_size(env, tmp_path):
+def test_a_family_without_a_host_shows_no_dynamic_size(env, tmp_path):
     folder = make_family(tmp_path, "tiny", TINY_TEMPLATE)
     result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "tiny"], env)
     assert result.exit_code == 0, result.output
     assert [r[4] for r in table_rows(result.stdout, "tiny")] == ["-"]
 
 
-def test_the_table_fits_80_columns_when_piped(env, tmp_path):
-    # Piped (not a terminal), at 80 columns: every line fits, and each row still says which variant it is.
+def test_build_prints_one_line_per_variant_when_piped_at_80_columns(env, tmp_path):
+    # Piped (not a terminal), at 80 columns: nothing wraps; each variant's line says which variant it is.
     folder = make_family(tmp_path, "a_family_with_a_rather_long_name", TINY_TEMPLATE, num_warps=[1, 2, 4, 8])
     args = ["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", FAMILY,
             "--family", "a_family_with_a_rather_long_name"]
     proc = run_kgen(args, {**env, "COLUMNS": "80"})
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
-    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+    lines = proc.stdout.splitlines()
+    count = builtin_variant_count()
+    # The arch's line, a title and a header per family, a line per variant, the summary.
+    assert len(lines) == 1 + 2 * 2 + count + 4 + 1
+    assert lines[-1] == f"summary: {count + 4} variants for sm_90a: 0 hits, {count + 4} compiled, 0 failed"
     rows = table_rows(proc.stdout, FAMILY)
-    assert len(rows) == builtin_variant_count()
+    assert len(rows) == count
     # The label names only the axes that vary (not num_warps=4 or rows_per_thread=2, the same everywhere).
     assert all(r[0].startswith("head_dim=") and "num_warps" not in r[0] for r in rows)
     assert [r[0] for r in table_rows(proc.stdout, "a_family_with_a_rather_long_name")] == \
         [f"num_warps={n}" for n in (1, 2, 4, 8)]
     assert all(len(r) == 7 and r[1].isdigit() for r in rows)
+
+
+def test_build_quiet_prints_only_the_summary_and_errors(env, tmp_path):
+    hopper = make_family(tmp_path, "hopper_only", TINY_TEMPLATE, min_sm=90)
+    spilly = make_family(tmp_path, "spilly", SPILL_TEMPLATE)
+    args = ["--spec-path", str(hopper), "--spec-path", str(spilly), "build", "--arch", "sm_90a", "--arch", "sm_80",
+            "--family", "hopper_only", "--family", "spilly", "--quiet"]
+    result = invoke(args, env)
+    assert result.exit_code == 1, result.output
+    assert result.stdout == "summary: 3 variants for sm_90a, sm_80: 0 hits, 3 compiled, 2 failed, 1 skipped\n"
+    assert result.stderr.splitlines() == ["SPILLS spilly[num_warps=1] spills registers and its spec does not allow spills",
+                                          "SPILLS spilly[num_warps=1] spills registers and its spec does not allow spills"]
+    again = invoke(["--spec-path", str(hopper), "build", "--arch", "sm_90a", "--arch", "sm_80", "--family", "hopper_only",
+                    "-q"], env)
+    assert again.exit_code == 0 and again.stderr == ""
+    assert again.stdout == "summary: 1 variant for sm_90a: 1 hit, 0 compiled, 0 failed, 1 skipped\n"
+
+
+def all_commands(group=cli, path=()) -> list[tuple[str, ...]]:
+    found = [path]
+    for name, command in group.commands.items():
+        found += all_commands(command, (*path, name)) if hasattr(command, "commands") else [(*path, name)]
+    return found
+
+
+def test_every_help_text_is_plain_text(env):
+    commands = all_commands()
+    assert ("cache", "verify") in commands and ("build",) in commands
+    for path in commands:
+        result = invoke([*path, "--help"], env)
+        assert result.exit_code == 0, (path, result.output)
+        assert "``" not in result.output, (path, result.output)
+        assert not re.search(r"\b1 [a-z]+s\b", result.output), (path, result.output)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["nosuch"], "error: No such command 'nosuch'."),
+    (["render"], "error: Missing argument 'FAMILY'."),
+    (["render", FAMILY, "head_dim"], "error: Invalid value: 'head_dim' is not key=value"),
+    (["build", "--jobs", "0"], "error: Invalid value for '--jobs' / '-j': 0 is not in the range x>=1."),
+    (["build", "--bogus"], "error: No such option '--bogus'"),
+    (["--spec-path", "/no/such/folder", "list"], "error: Invalid value for '--spec-path': Directory "),
+    (["cache", "export"], "error: give PATH (an archive) or --wheel DIR (a wheel), one of the two"),
+    (["cache", "export", "x.zip"], "error: Invalid value for PATH: 'x.zip' does not end in .tar, .tar.gz, .tgz"),
+    (["cache", "import"], "error: Missing argument 'PATH'."),
+    (["cache", "verify", "--arch", "bogus"], "error: --arch: 'bogus' is not an arch"),
+])
+def test_every_refusal_is_one_error_line_with_status_2(env, args, message):
+    proc = run_kgen(args, env)
+    assert_one_error(proc)
+    assert proc.stderr.startswith(message), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Usage:" not in proc.stderr and "--help" not in proc.stderr
+
+
+def test_kgen_alone_prints_its_help(env):
+    for args in ([], ["cache"]):
+        result = invoke(args, env)
+        assert result.exit_code == 0 and result.stdout.startswith("Usage: "), result.output
+
+
+def test_counts_of_one_are_singular(env, tmp_path, cache_dir):
+    folder = make_family(tmp_path, "tiny", TINY_TEMPLATE)
+    built = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "tiny"], env)
+    assert "kgen build for sm_90a (1 variant)\ntiny (1 variant) for sm_90a\n" in built.stdout
+    assert built.stdout.endswith("summary: 1 variant for sm_90a: 0 hits, 1 compiled, 0 failed\n")
+    size = sum(p.stat().st_size for p in cache_dir.glob("*.cubin.kgen"))
+    assert invoke(["cache", "info"], env).stdout == f"writable: {cache_dir} (1 entry, {size} bytes)\n"
+    archive = tmp_path / "one.tar"
+    assert invoke(["cache", "export", str(archive)], env).stdout == f"exported 1 entry (sm_90a: 1) to {archive}\n"
+    assert invoke(["cache", "import", str(archive)], env).stdout == \
+        f"imported 0 entries into {cache_dir} (1 was there already)\n"
+    assert invoke(["cache", "clear"], env).stdout == f"removed 1 entry from {cache_dir}\n"
 
 
 def test_progress_is_a_line_every_few_seconds_when_not_a_terminal(env, tmp_path, monkeypatch):
@@ -575,11 +657,79 @@ def test_progress_is_a_line_every_few_seconds_when_not_a_terminal(env, tmp_path,
     assert re.findall(r"^build: .*$", result.stderr, re.M) == [
         re.search(r"^build: 3/3 done, \d+\.\d s$", result.stderr, re.M).group()]
     # With no interval, every step shows.
-    monkeypatch.setattr(kgen.cli, "PROGRESS_INTERVAL_S", 0.0)
+    monkeypatch.setattr(kgen.cli.progress, "PROGRESS_INTERVAL_S", 0.0)
     result = invoke(args, env)
     counts = re.findall(r"^build: (\d)/3 done, \d+\.\d s$", result.stderr, re.M)
     assert counts[-1] == "3" and counts == sorted(counts) and len(counts) >= 3
     assert "\r" not in result.stderr and "\x1b" not in result.stderr  # no bar drawing in a log
+
+
+class FullDisk:
+    """A file whose every write fails as on a full disk."""
+
+    open_fd = staticmethod(os.fdopen)
+
+    def __init__(self, fd: int, mode: str):
+        self.file = self.open_fd(fd, mode)
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def unusable_cache(case: str, tmp_path: Path, cache_dir: Path, monkeypatch) -> tuple[str, str]:
+    """Make the cache ``case`` (read-only, a file, /dev/null, a full disk); return KGEN_CACHE_DIR and the reason."""
+    if case == "read-only":
+        # Tests run as root, where chmod makes nothing read-only: os.access answers as on a read-only mount.
+        cache_dir.mkdir(exist_ok=True)
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if str(path).startswith(str(cache_dir))
+                            else real_access(path, mode, **kw))
+        return str(cache_dir), f"no folder on the cache path {cache_dir} is writable"
+    if case == "a file":
+        cache_dir.write_bytes(b"not a folder")
+        return str(cache_dir), f"no folder on the cache path {cache_dir} is writable"
+    if case == "/dev/null":
+        return "/dev/null", "no folder on the cache path /dev/null is writable"
+    monkeypatch.setattr(kgen.cache.store.os, "fdopen", FullDisk)
+    return str(cache_dir), f"cannot write to cache folder {cache_dir} ([Errno 28] No space left on device)"
+
+
+@pytest.mark.parametrize("case", ["read-only", "a file", "/dev/null", "disk full"])
+def test_build_exits_1_in_one_line_when_the_cache_kept_nothing(env, tmp_path, cache_dir, monkeypatch, case):
+    monkeypatch.setattr(kgen.cache.store, "_warned", set())
+    folder = make_family(tmp_path, "tiny", TINY_TEMPLATE, num_warps=[1, 2])
+    value, reason = unusable_cache(case, tmp_path, cache_dir, monkeypatch)
+    result = invoke(["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "tiny"],
+                    {**env, "KGEN_CACHE_DIR": value})
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("build: ")]
+    assert lines == [f"error: the cache kept none of the 2 variants compiled for sm_90a: {reason}"]
+    assert cache_cells(result.stdout) == ["miss", "miss"]  # it still built and reported them
+
+
+def test_build_from_a_read_only_cache_that_has_every_entry_passes(env, tmp_path, cache_dir, monkeypatch):
+    folder = make_family(tmp_path, "tiny", TINY_TEMPLATE, num_warps=[1, 2])
+    args = ["--spec-path", str(folder), "build", "--arch", "sm_90a", "--family", "tiny"]
+    assert invoke(args, env).exit_code == 0
+    value, _ = unusable_cache("read-only", tmp_path, cache_dir, monkeypatch)
+    result = invoke(args, {**env, "KGEN_CACHE_DIR": value})
+    assert result.exit_code == 0, result.output  # a fleet node's check: every row a hit, nothing to keep
+    assert cache_cells(result.stdout) == ["hit", "hit"]
+
+
+def test_the_cache_path_of_the_op_still_only_warns(tmp_path, monkeypatch):
+    """The run-time path is unchanged: no writable cache is a warning, and the variant is built in memory."""
+    monkeypatch.setattr(kgen.cache.store, "_warned", set())
+    variant = registry.current().family(FAMILY).variants[0]
+    with config.overrides(KGEN_CACHE_DIR="/dev/null"), pytest.warns(RuntimeWarning, match="compiling in memory"):
+        assert kgen.jit.build(variant, "sm_90a").cubin[:4] == b"\x7fELF"
 
 
 def test_cache_info_and_clear_on_an_empty_or_missing_cache(env, cache_dir):

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tracemalloc
 import warnings
 import zipfile
 from pathlib import Path
@@ -25,8 +26,8 @@ from click.testing import CliRunner
 
 import kgen
 import kgen.arch
-import kgen.cache
-import kgen.cache_layers
+import kgen.cache.layers
+import kgen.cache.store
 import kgen.compiler
 import kgen.config
 import kgen.jit
@@ -59,10 +60,10 @@ def prebuilt(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def fresh_reports(monkeypatch):
     """Each test sees its own once-only warnings, and looks installed caches up again."""
-    monkeypatch.setattr(kgen.cache, "_warned", set())
-    kgen.cache_layers._installed_caches.cache_clear()
+    monkeypatch.setattr(kgen.cache.store, "_warned", set())
+    kgen.cache.layers._installed_caches.cache_clear()
     yield
-    kgen.cache_layers._installed_caches.cache_clear()
+    kgen.cache.layers._installed_caches.cache_clear()
 
 
 def cache_path(*folders: Path) -> str:
@@ -133,7 +134,7 @@ def test_export_takes_only_the_archs_asked_for(prebuilt, tmp_path):
     archive = tmp_path / "sm_100a.tgz"
     result = kgen_cli(["cache", "export", str(archive), "--arch", "sm_100a"], folder)
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"exported 1 entries (sm_100a: 1) to {archive}\n"
+    assert result.stdout == f"exported 1 entry (sm_100a: 1) to {archive}\n"
     with tarfile.open(archive) as tar:
         manifest = json.loads(tar.extractfile("manifest.json").read())
     assert manifest["archs"] == ["sm_100a"]
@@ -173,8 +174,8 @@ def test_export_leaves_out_invalid_entries_and_says_so(prebuilt, tmp_path):
     result = kgen_cli(["cache", "export", str(tmp_path / "out.tar")], folder)
     assert result.exit_code == 0, result.output
     assert "exported 3 entries" in result.stdout
-    assert result.stderr == ("skip: 1 files that are not valid entries of this kgen (corrupt, or of another entry "
-                             "format): not exported\n")
+    assert result.stderr == ("skip: 1 file not exported: not a valid entry of this kgen (corrupt, or of another entry "
+                             "format)\n")
 
 
 def rewrite(archive: Path, out: Path, change) -> Path:
@@ -297,6 +298,116 @@ def test_import_errors_are_one_line_from_the_command(prebuilt, tmp_path):
     assert proc.stderr.startswith("error: cannot import ") and proc.stderr.count("\n") == 1, proc.stderr
 
 
+class Zeros:
+    """A file of ``size`` zero bytes that is never in memory whole (for tarfile.addfile)."""
+
+    def __init__(self, size: int):
+        self.left = size
+
+    def read(self, size: int = -1) -> bytes:
+        n = self.left if size < 0 else min(size, self.left)
+        self.left -= n
+        return bytes(n)
+
+
+def bomb(archive: Path, out: Path, target: str, size: int, manifest_first: bool) -> Path:
+    """``archive`` as a .tar.gz whose member ``target`` (an entry's name, or manifest.json) is ``size`` zero bytes;
+    the manifest still describes the real entry, so it declares that member small."""
+    with tarfile.open(archive) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    names = sorted(members, key=lambda name: (name == "manifest.json") != manifest_first)
+    target = _entry_names(members)[0] if target == "entry" else target
+    with tarfile.open(out, "w:gz", compresslevel=1) as tar:
+        for name in names:
+            info = tarfile.TarInfo(name)
+            info.size = size if name == target else len(members[name])
+            tar.addfile(info, Zeros(size) if name == target else io.BytesIO(members[name]))
+    assert out.stat().st_size < 1 << 20  # a small file
+    return out
+
+
+@pytest.mark.parametrize("target,size,manifest_first,reason", [
+    ("entry", 200 << 20, True, "over the 64 MiB kgen accepts"),
+    ("entry", 200 << 20, False, "over the 64 MiB kgen accepts"),
+    ("entry", 8 << 20, True, "bytes, but manifest.json says"),
+    ("entry", 8 << 20, False, "bytes, but manifest.json says"),
+    ("manifest.json", 200 << 20, True, "over the 16 MiB kgen accepts"),
+], ids=["entry-200MB", "entry-200MB-manifest-last", "entry-8MB", "entry-8MB-manifest-last", "manifest-200MB"])
+def test_import_of_a_gzip_bomb_refuses_it_without_holding_it_in_memory(prebuilt, tmp_path, target, size,
+                                                                       manifest_first, reason):
+    archive = tmp_path / "cubins.tar"
+    assert kgen_cli(["cache", "export", str(archive)], prebuilt).exit_code == 0
+    bombed = bomb(archive, tmp_path / "bomb.tar.gz", target, size, manifest_first)
+    destination = tmp_path / "target"
+    tracemalloc.start()
+    try:
+        result = kgen_cli(["cache", "import", str(bombed)], destination)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: cannot import {bombed}: ") and result.stderr.count("\n") == 1
+    assert reason in result.stderr, result.stderr
+    assert result.stderr.endswith("; nothing was imported\n")
+    assert peak < 4 << 20, f"peak {peak} bytes"  # the archive's few real entries, not the bomb
+    assert not destination.exists()
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def plant(folder: Path, key: str, cubin: bytes, variant_name: str, record) -> Path:
+    """An entry with a valid digest, written as anyone who can write to ``folder`` could; returns its path."""
+    path = folder / f"{key}.cubin.kgen"
+    path.write_bytes(kgen.cache.store.encode_entry(kgen.cache.store.CacheEntry(key, cubin, record, variant_name)))
+    return path
+
+
+def test_cache_verify_passes_a_cache_of_what_its_variants_compile_to(prebuilt, tmp_path):
+    shared = tmp_path / "shared"
+    shutil.copytree(prebuilt, shared)
+    result = kgen_cli(["cache", "verify", "-j", "2"], shared)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "verified 3 entries: 3 match\n"
+    assert [line for line in result.stderr.splitlines() if not line.startswith("verify: ")] == []
+
+
+def test_cache_verify_fails_a_planted_cubin_and_reports_entries_kgen_never_loads(prebuilt, tmp_path):
+    shared = tmp_path / "shared"
+    shutil.copytree(prebuilt, shared)
+    entries = [kgen.cache.store.decode_entry(p.read_bytes()) for p in DiskCache(shared).entries()]
+    victim, other = entries[0], entries[1]
+    # Another variant's cubin under the victim's key, with a digest that matches: loading checks only the digest.
+    planted = plant(shared, victim.key, other.cubin, victim.variant_name, victim.record)
+    assert DiskCache(shared).get(victim.key).cubin == other.cubin
+    stale = plant(shared, "0" * 64, victim.cubin, victim.variant_name, victim.record)
+    gone = plant(shared, "1" * 64, victim.cubin, "no_such_family[x=1]", victim.record)
+    (shared / f"{'2' * 64}.cubin.kgen").write_bytes(b"not an entry")
+
+    result = kgen_cli(["cache", "verify"], shared)
+    assert result.exit_code == 1, result.output
+    assert result.stdout == "verified 6 entries: 1 mismatch, 2 match, 1 stale, 1 gone, 1 corrupt\n"
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("verify: ")]
+    assert len(lines) == 4
+    assert f"mismatch: {victim.variant_name} for {ARCH}: {planted}: its cubin ({len(other.cubin)} bytes) is not " \
+           f"what its variant compiles to ({len(victim.cubin)} bytes)" in lines
+    assert any(line.startswith(f"stale: {victim.variant_name} for {ARCH}: {stale}: ") for line in lines)
+    assert f"gone: no_such_family[x=1] for {ARCH}: {gone}: no such variant on the spec path" in lines
+    assert any(line.startswith(f"corrupt: {shared / ('2' * 64 + '.cubin.kgen')}: ") for line in lines)
+
+    # Only the entries kgen never loads: reported, and the cache passes.
+    planted.unlink()
+    result = kgen_cli(["cache", "verify", "--arch", ARCH], shared)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "verified 5 entries: 2 match, 1 stale, 1 gone, 1 corrupt\n"
+
+
+def test_cache_verify_of_an_empty_cache_is_an_error(tmp_path):
+    result = kgen_cli(["cache", "verify"], tmp_path / "empty")
+    assert result.exit_code == 2
+    assert result.stderr == "error: nothing to verify: the cache holds no entries\n"
+
+
 # --------------------------------------------------------------------------- layers
 
 
@@ -328,7 +439,7 @@ def test_new_entries_go_to_the_first_writable_folder(prebuilt, tmp_path):
     size = DiskCache(writable).entries()[0].stat().st_size
     ro_size = sum(p.stat().st_size for p in DiskCache(read_only).entries())
     assert info.stdout.splitlines() == [
-        f"writable: {writable} (1 entries, {size} bytes)",
+        f"writable: {writable} (1 entry, {size} bytes)",
         f"read-only: {blocked} (0 entries, 0 bytes)",
         f"read-only: {read_only} (3 entries, {ro_size} bytes)",
     ]
@@ -386,7 +497,7 @@ def test_cache_clear_clears_only_the_writable_layer(prebuilt, tmp_path):
         kgen.jit.build(variants()[0], "sm_100a")
     result = kgen_cli(["cache", "clear"], writable, read_only)
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"removed 1 entries from {writable}\n"
+    assert result.stdout == f"removed 1 entry from {writable}\n"
     assert DiskCache(writable).entries() == []
     assert snapshot(read_only) == snapshot(prebuilt)
 
@@ -439,7 +550,7 @@ def test_the_wheel_is_well_formed(installed_site):
 def test_an_installed_wheel_is_found_and_serves_every_hit(installed_site, tmp_path, monkeypatch):
     _, site = installed_site
     monkeypatch.syspath_prepend(str(site))
-    [layer] = kgen.cache_layers.installed_caches()
+    [layer] = kgen.cache.layers.installed_caches()
     assert layer.cache.root == site / "kgen_cache_sm_90a" / "cache"
     assert layer.origin.startswith(f"kgen-cache-sm-90a {kgen.__version__}+nvrtc.")
     writable = tmp_path / "writable"
@@ -463,7 +574,7 @@ def test_an_installed_cache_of_another_kgen_is_reported_and_not_used(installed_s
     monkeypatch.delitem(sys.modules, "kgen_cache_sm_90a", raising=False)  # not the copy another test imported
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert kgen.cache_layers.installed_caches() == []
+        assert kgen.cache.layers.installed_caches() == []
         assert build_all(tmp_path / "writable")[0] is False
     [message] = [str(w.message) for w in caught if "installed cache" in str(w.message)]
     assert "kgen-cache-sm-90a" in message and "made by kgen 0.0.1" in message and "is not used" in message

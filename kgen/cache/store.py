@@ -1,4 +1,4 @@
-"""The on-disk cubin cache: keys, self-checking entries, atomic publish, cross-process locks.
+"""One folder of cubins: keys, self-checking entries, atomic publish, cross-process locks.
 
 * **Key.** ``cuda.core.utils.make_program_cache_key`` over the rendered source,
   the NVRTC options, the arch and the target, with an extra digest of labelled
@@ -19,8 +19,8 @@
   compile a variant once. The set is fixed, and lock files are never deleted:
   deleting one that another process waits on would let two processes hold it.
 
-Which folders are searched (layers, installed caches): kgen.cache_layers; archives and wheels of
-entries for a fleet: kgen.cache_archive.
+Which folders are searched (layers, installed caches): kgen.cache.layers; archives and wheels of
+entries for a fleet: kgen.cache.archive and kgen.cache.wheel.
 """
 
 from __future__ import annotations
@@ -58,10 +58,23 @@ LOCK_STRIPES = 256
 _warned: set[tuple[str, str]] = set()
 
 
+class CacheWarning(RuntimeWarning):
+    """Something about the cache kgen worked around (a corrupt entry rebuilt, an installed cache left out)."""
+
+
+class UnwritableCacheWarning(CacheWarning):
+    """No folder on the cache path can take new entries, so what kgen compiles is not kept.
+
+    A run-time op warns and runs on; ``kgen build``, whose job is to fill the cache, fails on it.
+    """
+
+
 def warn_once(kind: str, subject: str, message: str) -> None:
+    """Warn ``message`` once per process for ``(kind, subject)``; kind ``unwritable`` is an UnwritableCacheWarning."""
     if (kind, subject) not in _warned:
         _warned.add((kind, subject))
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        category = UnwritableCacheWarning if kind == "unwritable" else CacheWarning
+        warnings.warn(message, category, stacklevel=3)
 
 
 class CacheError(OSError):
@@ -138,6 +151,10 @@ class DiskCache:
 
     def source_path(self, key: str) -> Path:
         return self.root / f"{key}{_SOURCE_SUFFIX}"
+
+    def holds(self, key: str) -> bool:
+        """Whether this folder has a file for ``key`` (read nothing: it may still be corrupt)."""
+        return self._path(key).is_file()
 
     def get(self, key: str) -> CacheEntry | None:
         """The entry of ``key``; None if there is none, or if it is corrupt (reported once)."""

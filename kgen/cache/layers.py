@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kgen import config
-from kgen.cache import CacheEntry, DiskCache, warn_once
-from kgen.cache_archive import ENTRY_POINT_GROUP, MANIFEST, check_toolchain
+from kgen.cache.manifest import MANIFEST, check_toolchain
+from kgen.cache.store import CacheEntry, DiskCache, warn_once
+from kgen.cache.wheel import ENTRY_POINT_GROUP
+
 
 @dataclass(frozen=True)
 class Layer:
