@@ -240,7 +240,7 @@ def _read_bytes(file: Path) -> bytes:
             raise SpecError(file, "", None, "not a regular file (a device, FIFO, socket or folder); specs are files")
         # O_NONBLOCK: should the path have become a FIFO since, opening it does not wait for a writer.
         fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as handle:
+        with open(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                 raise SpecError(file, "", None, "not a regular file; specs are files")
             raw = handle.read(MAX_SPEC_BYTES + 1)
