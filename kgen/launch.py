@@ -18,7 +18,7 @@ from cuda.bindings import driver
 from cuda.core import Kernel, LaunchConfig, Stream, launch
 
 # The swizzle enum is documented with TensorMapDescriptor, but cuda.core 1.2.0 exports both only from here.
-from cuda.core._tensor_map import TensorMapDescriptor, TensorMapSwizzle  # noqa: F401  (TensorMapSwizzle: for kgen.tma)
+from cuda.core._tensor_map import TensorMapDescriptor, TensorMapSwizzle  # noqa: F401  (TensorMapSwizzle: for kgen.runtime.tma)
 
 from kgen.contract import Parameter
 

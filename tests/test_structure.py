@@ -91,3 +91,21 @@ def test_the_circle_finder_finds_a_circle_deferred_imports_included(tmp_path):
 def test_no_module_over_the_line_limit(name):
     lines = len(_modules()[name].read_text().splitlines())
     assert lines <= MAX_LINES, f"{name} has {lines} lines: it probably holds two jobs"
+
+
+def test_only_the_launcher_names_private_cuda_core_modules():
+    # cuda.core 1.2 exports the tensor-map swizzle enum only from a private module: kgen/launch.py is the one
+    # place that imports it, and pyproject pins cuda-core to the 1.2 series, tested on the GPU (1.2.0) and here.
+    modules = _modules()
+    private = set()
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            private.update((name, m) for m in names
+                           if m.startswith("cuda.core") and any(part.startswith("_") for part in m.split(".")))
+    assert {name for name, _ in private} == {"kgen.launch"}, sorted(private)
+    import tomllib
+
+    dependencies = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "cuda-core>=1.2.0,<1.3" in dependencies
