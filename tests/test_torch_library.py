@@ -13,7 +13,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kgen.config
 import kgen.ops
-from kgen.ops import attention, decode, gdn_chunk, library
+from kgen.families import attention_decode, attention_prefill, gated_delta_rule, merge_states
+from kgen.families.attention_decode import planner as decode_planner
+from kgen.families.attention_prefill import planner as prefill_planner
+from kgen.families.gated_delta_rule import recipe as chunk_recipe
+
+OPS = (*merge_states.OPS, *attention_prefill.OPS, *attention_decode.OPS, *gated_delta_rule.OPS)
 
 BF16 = torch.bfloat16
 
@@ -28,10 +33,10 @@ def assert_like(t: torch.Tensor, shape: tuple, dtype: torch.dtype) -> None:
 
 
 def test_every_op_is_registered():
-    assert set(library.OPS) <= set(dir(torch.ops.kgen))
+    assert set(OPS) <= set(dir(torch.ops.kgen))
     schema = str(torch.ops.kgen.gated_delta_rule_step.default._schema)
     assert "Tensor(a5!) state" in schema  # the step declares the state it updates in place
-    for name in set(library.OPS) - {"gated_delta_rule_step"}:
+    for name in set(OPS) - {"gated_delta_rule_step"}:
         assert "!" not in str(getattr(torch.ops.kgen, name).default._schema), name
 
 
@@ -59,7 +64,7 @@ def test_fake_shapes_of_every_op():
         for final in (True, False):
             o, state = torch.ops.kgen.chunk_gated_delta_rule(
                 cuda(1, 765, 2, 128), cuda(1, 765, 2, 128), cuda(1, 765, 4, 128), cuda(1, 765, 4, dtype=torch.float32),
-                cuda(1, 765, 4, dtype=torch.float32), None, cuda(3, dtype=torch.int32), tables, list(chunk_plan.recipe),
+                cuda(1, 765, 4, dtype=torch.float32), None, cuda(3, dtype=torch.int32), tables, chunk_recipe.ChunkRecipe.of(chunk_plan).ints(),
                 None, final, False, "kv")
             assert_like(o, (1, 765, 4, 128), BF16)
             assert_like(state, (2, 4, 128, 128) if final else (0,), torch.float32)
@@ -76,7 +81,7 @@ def test_public_functions_call_the_ops_while_compiling():
     with FakeTensorMode(allow_non_fake_inputs=True), mock.patch("torch.compiler.is_compiling", return_value=True), \
             kgen.config.overrides(KGEN_ARCH="sm_90a"):  # the plan's kernel, without asking a GPU
         plan = kgen.ops.plan_attention_varlen([0, 64, 200], [0, 64, 200], head_dim=64)
-        plan._placed[:] = [cuda(*plan.work.shape, dtype=torch.int32), False]  # as device="cuda" would place it
+        plan.tables.adopt("cuda:0", [cuda(*plan.work.shape, dtype=torch.int32)])  # as device="cuda" would place it
         q, k = cuda(200, 4, 64), cuda(200, 2, 64)
         cu = cuda(3, dtype=torch.int32)
         out, lse = kgen.ops.attention_varlen(q, k, k, cu, cu, plan=plan, return_lse=True)
@@ -103,21 +108,21 @@ def test_plans_rebuilt_from_their_recipes_are_the_same():
     prefill = kgen.ops.plan_attention_varlen([0, 1, 300, 301], [0, 5, 900, 901], head_dim=128, causal=True,
                                              window=(50, -1), tail="cp_async")
     work = prefill.work.clone()
-    again = attention.plan_from_recipe(prefill.recipe, work)
+    again = prefill_planner.plan_from_recipe(prefill.recipe, work)
     assert again.variant == prefill.variant and again.window == prefill.window and again.work is work
     assert np.array_equal(again.schedule.work, prefill.schedule.work)
     chunk_plan = kgen.ops.plan_chunk_gated_delta_rule([0, 32768, 32800], num_heads_v=8)
     assert len(chunk_plan.segments) > 2  # split: the recipe must carry the planner's choice
     tables = [torch.from_numpy(np.ascontiguousarray(t)) for t in
               (chunk_plan.chunks, chunk_plan.segments, chunk_plan.summary_segments, chunk_plan.chains)]
-    again = gdn_chunk.plan_from_recipe(chunk_plan.recipe, tables)
+    again = chunk_recipe.plan_from_recipe(tuple(chunk_recipe.ChunkRecipe.of(chunk_plan).ints()), tables)
     for name in ("chunks", "segments", "summary_segments", "chains"):
         assert np.array_equal(getattr(again, name), getattr(chunk_plan, name)), name
-    assert again.tables(torch.device("cpu"))[1] is tables[1]
+    assert again.tables.on(torch.device("cpu"))[1] is tables[1]
     for kw in (dict(page_size=16), dict(page_size=5), dict(max_seqlen_k=9000, window_left=100), dict(q_len=4)):
         plan = kgen.ops.plan_attention_decode([3000, 17], num_heads_q=8, num_heads_kv=2, head_dim=128, **kw)
-        with mock.patch.object(decode, "_place_workspace"):  # needs a GPU
-            again = decode.plan_from_recipe(plan.recipe, torch.device("cpu"))
+        with mock.patch.object(decode_planner, "kept_allocations"):  # needs a GPU
+            again = decode_planner.plan_from_recipe(plan.recipe, torch.device("cpu"))
         assert (again.variant, again.splits, again.grid, again.max_seqlen_k) == \
             (plan.variant, plan.splits, plan.grid, plan.max_seqlen_k), kw
 
