@@ -1,9 +1,12 @@
 """kgen: CUDA kernels declared in YAML, rendered with Jinja, compiled with NVRTC, launched from PyTorch.
 
 The pipeline, one module per stage: ``spec`` (read and validate a file) →
-``registry`` (the search path, families, variants) → ``render`` (Jinja) →
-``compiler`` (NVRTC, ptxas report) → ``cache`` (disk) → ``jit`` (one variant,
-end to end) → ``launch`` (cuda.core on torch's stream) → ``ops`` (torch wrappers).
+``registry`` (the search path, families, variants) → ``contract`` (what the host
+knows of a kernel) → ``render`` (Jinja) → ``compiler`` (NVRTC, ptxas report) →
+``cache`` (disk) → ``jit`` (one variant, end to end) → ``launch`` (cuda.core on
+torch's stream); then ``runtime`` (what the families share at run time) and
+``families`` (one host package per kernel family), re-exported by ``ops``.
+docs/architecture.md draws it.
 """
 
 __version__ = "0.1.0"
