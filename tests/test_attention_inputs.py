@@ -23,19 +23,19 @@ def spec_tiles(head_dim: int, dtype: str = "bf16") -> dict:
 def test_full_tile_batches_plan_the_full_tiles_variant(head_dim):
     tiles = spec_tiles(head_dim)
     step = math.lcm(tiles["tile_m"], tiles["tile_n"])  # whole query and key tiles
-    full = plan_attention_varlen([0, step, 3 * step], [0, 2 * step, 2 * step], head_dim=head_dim, device="cpu")
+    full = plan_attention_varlen([0, step, 3 * step], [0, 2 * step, 2 * step], head_dim=head_dim)
     assert not full.has_incomplete_tile
     assert full.variant.param_dict["has_incomplete_tile"] is False
     assert {k: v for k, v in full.variant.params if k != "has_incomplete_tile"} == \
         {k: v for k, v in tiles.items() if k != "has_incomplete_tile"}
-    partial = plan_attention_varlen([0, step, 3 * step - 1], [0, 2 * step, 2 * step], head_dim=head_dim, device="cpu")
+    partial = plan_attention_varlen([0, step, 3 * step - 1], [0, 2 * step, 2 * step], head_dim=head_dim)
     assert partial.has_incomplete_tile and partial.variant.param_dict["has_incomplete_tile"] is True
 
 
 def test_work_list_covers_every_query_tile_longest_first():
     tile_m = spec_tiles(128)["tile_m"]
     plan = plan_attention_varlen([0, 3 * tile_m, 3 * tile_m + 1], [0, 3 * tile_m, 3 * tile_m + 1], head_dim=128,
-                                 causal=True, device="cpu", tile_m=tile_m)
+                                 causal=True, tile_m=tile_m)
     assert plan.work.dtype == torch.int32 and plan.work.shape == (4, 2)
     assert sorted(map(tuple, plan.work.tolist())) == [(0, 0), (0, 1), (0, 2), (1, 0)]
     assert tuple(plan.work[0].tolist()) == (0, 2)  # the causal tile with the most keys goes first
@@ -68,10 +68,9 @@ def test_plans_without_a_gpu_take_the_first_kernel_the_arch_runs():
 def test_long_sequences_take_the_first_tile_shape_and_short_ones_the_smallest(head_dim):
     heights = tile_heights(head_dim)
     first, smallest = heights[0], min(heights)
-    long = plan_attention_varlen([0, 64 * first, 128 * first], [0, 64 * first, 128 * first], head_dim=head_dim,
-                                 device="cpu")
+    long = plan_attention_varlen([0, 64 * first, 128 * first], [0, 64 * first, 128 * first], head_dim=head_dim)
     assert long.variant.param_dict["tile_m"] == first
-    short = plan_attention_varlen([0, smallest - 1, 2 * smallest - 2], [0, 5, 10], head_dim=head_dim, device="cpu")
+    short = plan_attention_varlen([0, smallest - 1, 2 * smallest - 2], [0, 5, 10], head_dim=head_dim)
     assert short.variant.param_dict["tile_m"] == smallest
     assert short.has_incomplete_tile and short.variant.param_dict["has_incomplete_tile"] is True
 
@@ -81,7 +80,7 @@ def test_every_tile_shape_has_its_full_tiles_twin(head_dim):
     candidates = planner.tile_candidates(head_dim, torch.bfloat16, None, None, 90)
     step = math.lcm(*(v.param_dict[t] for v in candidates for t in ("tile_m", "tile_n")))  # every tile is whole
     for tile_m in tile_heights(head_dim):
-        plan = plan_attention_varlen([0, step, 3 * step], [0, step, 3 * step], head_dim=head_dim, device="cpu",
+        plan = plan_attention_varlen([0, step, 3 * step], [0, step, 3 * step], head_dim=head_dim,
                                      tile_m=tile_m)
         params = plan.variant.param_dict
         assert params["tile_m"] == tile_m and params["has_incomplete_tile"] is False
@@ -91,17 +90,17 @@ def test_every_tile_shape_has_its_full_tiles_twin(head_dim):
 def test_the_cp_async_tail_runs_only_the_shapes_that_offer_it():
     offered = tile_heights(128, tail="cp_async")
     assert 128 not in offered  # the spec excludes it at head dim 128: it spills
-    long = plan_attention_varlen([0, 8192], [0, 8192], head_dim=128, device="cpu", tail="cp_async")
+    long = plan_attention_varlen([0, 8192], [0, 8192], head_dim=128, tail="cp_async")
     assert long.variant.param_dict["tile_m"] in offered and long.variant.param_dict["tail"] == "cp_async"
     with pytest.raises(UnsupportedVariantError, match=r"tile_m=128 is not supported.*supported: \[64\]"):
-        plan_attention_varlen([0, 8192], [0, 8192], head_dim=128, device="cpu", tail="cp_async", tile_m=128)
+        plan_attention_varlen([0, 8192], [0, 8192], head_dim=128, tail="cp_async", tile_m=128)
 
 
 
 def test_a_recipe_reads_back_by_name_and_plans_the_same_again():
     cu_q, cu_k = [0, 1, 300, 301], [0, 5, 900, 901]
     plan = plan_attention_varlen(cu_q, cu_k, head_dim=128, dtype=torch.float16, causal=True, window=(50, -1),
-                                 tail="cp_async", device="cpu")
+                                 tail="cp_async")
     recipe = AttentionRecipe(list(plan.recipe))  # as torch.library hands it to the op
     params = plan.variant.param_dict
     assert (recipe.head_dim, recipe.dtype, recipe.causal, recipe.window, recipe.num_seqs) == \
@@ -129,49 +128,48 @@ configs:
 def test_a_user_spec_tile_shape_leads_the_planners_preference(tmp_path):
     (tmp_path / "shape.yaml").write_text(USER_SHAPE.lstrip(), encoding="utf-8")
     with config.overrides(KGEN_SPEC_PATH=str(tmp_path)):
-        plan = plan_attention_varlen([0, 8192], [0, 8192], head_dim=128, device="cpu")
+        plan = plan_attention_varlen([0, 8192], [0, 8192], head_dim=128)
         assert (plan.variant.param_dict["tile_m"], plan.variant.param_dict["tile_n"]) == (128, 64)
         assert plan.variant.spec_path == tmp_path / "shape.yaml"
         # 64 queries over 128 keys take the built-in 64-row tiles: the user's 128x64 computes twice as many scores.
-        short = plan_attention_varlen([0, 64], [0, 128], head_dim=128, device="cpu")
+        short = plan_attention_varlen([0, 64], [0, 128], head_dim=128)
         assert short.variant.param_dict["tile_m"] == 64 and short.variant.spec_path != tmp_path / "shape.yaml"
-    assert plan_attention_varlen([0, 8192], [0, 8192], head_dim=128,
-                                 device="cpu").variant.param_dict["tile_n"] == spec_tiles(128)["tile_n"]
+    assert plan_attention_varlen([0, 8192], [0, 8192], head_dim=128).variant.param_dict["tile_n"] == spec_tiles(128)["tile_n"]
 
 
 def test_a_forced_tile_height_must_be_one_the_spec_lists():
     for tile_m in tile_heights(128):
-        assert plan_attention_varlen([0, 5], [0, 5], head_dim=128, device="cpu",
+        assert plan_attention_varlen([0, 5], [0, 5], head_dim=128,
                                      tile_m=tile_m).variant.param_dict["tile_m"] == tile_m
     with pytest.raises(UnsupportedVariantError, match=r"tile_m=48 is not supported.*supported: \["):
-        plan_attention_varlen([0, 5], [0, 5], head_dim=128, device="cpu", tile_m=48)
+        plan_attention_varlen([0, 5], [0, 5], head_dim=128, tile_m=48)
 
 
 @pytest.mark.parametrize("tail", ["cp_async", "tma"])
 def test_tail_policy_can_be_chosen_per_plan(tail):
-    plan = plan_attention_varlen([0, 5], [0, 5], head_dim=64, device="cpu", tail=tail)
+    plan = plan_attention_varlen([0, 5], [0, 5], head_dim=64, tail=tail)
     assert plan.variant.param_dict["tail"] == tail
 
 
 def test_the_spec_default_tail_policy_is_used_without_a_choice():
     default = registry.current().family("attention_prefill").defaults["tail"]
-    assert plan_attention_varlen([0, 5], [0, 5], head_dim=64, device="cpu").variant.param_dict["tail"] == default
+    assert plan_attention_varlen([0, 5], [0, 5], head_dim=64).variant.param_dict["tail"] == default
 
 
 def test_unsupported_head_dim_lists_the_supported_ones():
     with pytest.raises(ValueError, match=r"head_dim=72 is not supported.*supported: \["):
-        plan_attention_varlen([0, 5], [0, 5], head_dim=72, device="cpu")
+        plan_attention_varlen([0, 5], [0, 5], head_dim=72)
 
 
 def test_planner_refuses_bad_cu_seqlens_and_windows():
     with pytest.raises(ValueError, match="cu_seqlens_k: expected 3 entries"):
-        plan_attention_varlen([0, 5, 9], [0, 5], head_dim=64, device="cpu")
+        plan_attention_varlen([0, 5, 9], [0, 5], head_dim=64)
     with pytest.raises(ValueError, match="non-decreasing"):
-        plan_attention_varlen([0, 5, 4], [0, 5, 9], head_dim=64, device="cpu")
+        plan_attention_varlen([0, 5, 4], [0, 5, 9], head_dim=64)
     with pytest.raises(ValueError, match=r"window\[0\]"):
-        plan_attention_varlen([0, 5], [0, 5], head_dim=64, window=(-2, 0), device="cpu")
+        plan_attention_varlen([0, 5], [0, 5], head_dim=64, window=(-2, 0))
     with pytest.raises(TypeError, match="dtype"):
-        plan_attention_varlen([0, 5], [0, 5], head_dim=64, dtype=torch.float32, device="cpu")
+        plan_attention_varlen([0, 5], [0, 5], head_dim=64, dtype=torch.float32)
 
 
 def test_cpu_tensors_are_refused_by_name():
@@ -221,10 +219,10 @@ def test_plans_are_made_on_the_host_and_placed_on_first_use():
         plan.work_on(torch.device("cpu"))
 
 
-def test_a_plan_placed_on_one_device_refuses_another():
-    plan = plan_attention_varlen([0, 100], [0, 100], head_dim=128, device="cpu")
-    with pytest.raises(ValueError, match="plan: its work list is on cpu"):
-        plan.work_on(torch.device("meta"))
+def test_a_plan_asked_to_live_on_the_cpu_is_refused_by_its_argument():
+    # A plan runs on a CUDA device; device="cpu" was accepted once and gave a plan every call refused.
+    with pytest.raises(ValueError, match="^device: plans run on a CUDA device, got cpu"):
+        plan_attention_varlen([0, 100], [0, 100], head_dim=128, device="cpu")
 
 
 def test_a_window_side_wider_than_every_sequence_reaches_the_kernel_as_unbounded():

@@ -93,6 +93,25 @@ def cuda_device(device) -> torch.device:
     return device
 
 
+def check_plan_device(device) -> torch.device | None:
+    """A planner's ``device=``: None, or a CUDA device this process has (with its index)."""
+    if device is None:
+        return None
+    try:
+        found = torch.device(device)
+    except (TypeError, RuntimeError, ValueError):
+        raise TypeError(f"device: expected a CUDA device (\"cuda\", \"cuda:1\", 1 or a torch.device), "
+                        f"got {type(device).__name__} {device!r}") from None
+    if found.type != "cuda":
+        raise ValueError(f"device: plans run on a CUDA device, got {found}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device: {found} asked for, but torch sees no CUDA device (a CPU-only build, or no GPU)")
+    count = torch.cuda.device_count()
+    if found.index is not None and found.index >= count:
+        raise ValueError(f"device: {found} does not exist: torch sees {count} CUDA device{'s' if count != 1 else ''}")
+    return cuda_device(found)
+
+
 def refuse_grad(op: str, *tensors) -> None:
     """No kgen op has a backward: tensors that require grad, in a grad-enabled context, are refused, not detached
     (anything not a tensor is left to the argument checks)."""

@@ -18,7 +18,7 @@ from kgen.families.attention_decode.contract import DECODE_ROWS_PER_BLOCK
 from kgen.families.attention_decode.recipe import DecodeRecipe
 from kgen.families.attention_decode.splits import SplitPlan, max_request_tiles, plan_splits, request_tiles
 from kgen.registry import UnsupportedVariantError, Variant
-from kgen.runtime.checks import INT32_LIMIT, check_int, check_seqlens, cuda_device
+from kgen.runtime.checks import INT32_LIMIT, check_int, check_plan_device, check_seqlens
 from kgen.runtime.device import GRID_X_LIMIT, GRID_YZ_LIMIT, sm_count
 from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, contract, full_tiles_twin, kept_allocations, spec_dtypes
 from kgen.runtime.tables import DeviceTables
@@ -127,6 +127,15 @@ def plan_attention_decode(seqlens_k, *, num_heads_q: int, num_heads_kv: int, hea
     check_int("q_len", q_len, minimum=1, maximum=MAX_Q_LEN)
     check_int("head_dim", head_dim, minimum=1)
     check_int("window_left", window_left, minimum=-1)
+    for name, value in (("page_size", page_size), ("num_sms", num_sms)):
+        if value is not None:
+            check_int(name, value, minimum=1)
+    if (block_table is None) != (num_pages is None):
+        given, missing = ("num_pages", "block_table") if block_table is None else ("block_table", "num_pages")
+        raise ValueError(f"{given}: given without {missing}; the pages are checked with both or neither")
+    if num_pages is not None:
+        check_int("num_pages", num_pages, minimum=1)
+    device = check_plan_device(device)
     if len(lengths) > GRID_YZ_LIMIT:  # requests are the grid's z
         raise ValueError(f"seqlens_k: {len(lengths)} requests exceed the kernel's grid limit of {GRID_YZ_LIMIT}")
     dtypes = spec_dtypes(FAMILY)
@@ -184,7 +193,6 @@ def plan_attention_decode(seqlens_k, *, num_heads_q: int, num_heads_kv: int, hea
     plan = DecodePlan(len(lengths), num_heads_q, num_heads_kv, head_dim, q_len, dtype, page_size, window_left,
                       max_seqlen_k, variant, splits, row_groups, recipe, workspace)
     if device is not None:
-        device = cuda_device(device)  # a bad device is refused, with or without a workspace to place there
         if workspace is not None:
             workspace.on(device)
     return plan
@@ -213,8 +221,8 @@ _from_recipe = DispatchCache()
 def _check_block_table_host(block_table, lengths: np.ndarray, page_size: int | None, num_pages: int | None) -> None:
     if page_size is None:
         raise ValueError("block_table: given for a contiguous cache (page_size=None)")
-    table = np.asarray(block_table.cpu() if isinstance(block_table, torch.Tensor) else block_table)
-    if table.ndim != 2 or table.shape[0] != len(lengths):
+    table = _host_table(block_table, len(lengths))
+    if table.shape[0] != len(lengths):
         raise ValueError(f"block_table: expected [{len(lengths)}, max_pages], got shape {table.shape}")
     for b, n in enumerate(lengths.tolist()):
         needed = -(-n // page_size)
@@ -224,3 +232,27 @@ def _check_block_table_host(block_table, lengths: np.ndarray, page_size: int | N
         used = table[b, :needed]
         if needed and (used.min() < 0 or (num_pages is not None and used.max() >= num_pages)):
             raise ValueError(f"block_table: request {b} names a page outside [0, {num_pages}): {used.tolist()}")
+
+
+def _host_table(block_table, requests: int) -> np.ndarray:
+    """``block_table`` (a tensor, or nested lists of ints) as a 2-D int64 array, or an error naming it."""
+    if isinstance(block_table, torch.Tensor):
+        if block_table.dtype.is_floating_point or block_table.dtype.is_complex or block_table.dtype == torch.bool:
+            raise TypeError(f"block_table: expected integer page numbers, got {block_table.dtype}")
+        table = block_table.cpu().numpy()
+    else:
+        try:
+            table = np.array(block_table, dtype=object)
+        except ValueError:  # numpy refuses some ragged nestings outright
+            table = np.empty(0, dtype=object)
+        if table.ndim != 2:
+            raise ValueError(f"block_table: expected a 2-D table [{requests}, max_pages] of page numbers, "
+                             f"got {type(block_table).__name__} of shape {table.shape} (are its rows of one length?)")
+        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) for x in table.flat):
+            raise TypeError("block_table: expected integer page numbers, got "
+                            + next(type(x).__name__ for x in table.flat
+                                   if not isinstance(x, (int, np.integer)) or isinstance(x, (bool, np.bool_))))
+    if table.ndim != 2:
+        raise ValueError(f"block_table: expected a 2-D table [{requests}, max_pages] of page numbers, got shape "
+                         f"{tuple(table.shape)}")
+    return table.astype(np.int64)

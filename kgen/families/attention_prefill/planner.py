@@ -15,7 +15,7 @@ from kgen import arch, config, registry
 from kgen.families.attention_prefill.plan import TileSchedule, choose_schedule, plan_tiles, validate_window
 from kgen.families.attention_prefill.recipe import AttentionRecipe
 from kgen.registry import UnsupportedVariantError, Variant
-from kgen.runtime.checks import seqlens_from_cu
+from kgen.runtime.checks import check_int, check_plan_device, seqlens_from_cu
 from kgen.runtime.tables import DeviceTables
 from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, full_tiles_twin, spec_dtypes
 
@@ -127,6 +127,11 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     default tail policy (the wgmma kernel loads incomplete tiles by TMA only, so ``"cp_async"``
     runs mma_sync); either way a sequence's output never depends on the rows of another sequence.
     """
+    check_int("head_dim", head_dim, minimum=1)
+    for name, value in (("tile_m", tile_m), ("tile_n", tile_n)):
+        if value is not None:
+            check_int(name, value, minimum=1)
+    device = check_plan_device(device)
     dtypes = spec_dtypes(FAMILY)
     if dtype not in dtypes:
         raise TypeError(f"dtype: expected one of {[str(d) for d in dtypes]}, got {dtype}")
@@ -144,7 +149,7 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     work = torch.from_numpy(schedule.work)
     tables = DeviceTables(lambda to: (work.to(to),), "work list", one_device=True)
     if device is not None:
-        tables.on(torch.device(device))
+        tables.on(device)
     params = variant.param_dict
     recipe = AttentionRecipe.of(head_dim=head_dim, dtype=dtype, causal=causal, window=window, tail=params["tail"],
                                 tile_m=params["tile_m"], tile_n=params["tile_n"], mma=params["mma"],

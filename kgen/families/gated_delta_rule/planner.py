@@ -17,7 +17,7 @@ import torch
 from kgen import registry
 from kgen.families.gated_delta_rule.contract import GDN_SEGMENT_FIELDS
 from kgen.families.gated_delta_rule.schedule import ChunkSchedule, RecurrenceCosts, plan_chunks
-from kgen.runtime.checks import check_int, seqlens_from_cu
+from kgen.runtime.checks import INT32_LIMIT, check_plan_device, check_int, seqlens_from_cu
 from kgen.runtime.device import GRID_YZ_LIMIT, sm_count
 from kgen.runtime.dispatch import DispatchCache, contract
 from kgen.runtime.tables import DeviceTables
@@ -71,6 +71,19 @@ class ChunkGatedDeltaRulePlan:
         return self.schedule.has_incomplete_tile
 
 
+def _check_size(seqlens: Sequence[int], chunk: int, num_heads_v: int, segment_chunks: int | None) -> None:
+    """Refuse what the kernels cannot index, from the lengths alone (time per sequence, nothing per token)."""
+    num_chunks = sum(-(-n // chunk) for n in seqlens)
+    if max(num_chunks, 1) * num_heads_v * chunk > INT32_LIMIT:
+        raise ValueError(f"cu_seqlens: {num_chunks} chunks x {num_heads_v} v-heads exceed the kernels' 32-bit row "
+                         f"indices")
+    if segment_chunks is not None:
+        segments = sum(max(1, -(-(-(-n // chunk)) // segment_chunks)) for n in seqlens)
+        if segments > GRID_YZ_LIMIT:
+            raise ValueError(f"segment_chunks: {segment_chunks} makes {segments} segments; the kernels take at most "
+                             f"{GRID_YZ_LIMIT}")
+
+
 def _on_device(arrays: Sequence[np.ndarray], device: torch.device) -> tuple[torch.Tensor, ...]:
     return tuple(torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays)
 
@@ -117,9 +130,14 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
     seqlens = seqlens_from_cu(cu_seqlens, "cu_seqlens")
     check_int("num_heads_v", num_heads_v, minimum=1, maximum=GRID_YZ_LIMIT)
     check_int("head_dim", head_dim, minimum=1)
+    for name, value in (("tile_n", tile_n), ("segment_chunks", segment_chunks)):
+        if value is not None:
+            check_int(name, value, minimum=1)
+    device = check_plan_device(device)
     num_sms = sm_count() if num_sms is None else num_sms
     check_int("num_sms", num_sms, minimum=1)
     recurrence = _recurrence(head_dim, tile_n)
+    _check_size(seqlens, recurrence.chunk, num_heads_v, segment_chunks)
     slices = head_dim // recurrence.value_slice
     empty = sum(1 for n in seqlens if n == 0)  # a segment row each, besides the planner's
     # The summary covers K + V = 2 K columns.
