@@ -33,6 +33,8 @@ _STRICT_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
 _VALIDATOR = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_STRICT_TYPES)(SPEC_SCHEMA)
 #: Aliases can make a tiny file expand to a huge document; refuse anything this large.
 _MAX_EXPANDED_NODES = 100_000
+#: The deepest nesting a spec may have (the schema's deepest is four: sm_only -> axis -> value -> archs).
+_MAX_DEPTH = 16
 #: The largest spec file kgen reads (the largest built-in one is a few kB).
 MAX_SPEC_BYTES = 1 << 20
 #: What YAML counts as a line break, to give the line of a byte that is not UTF-8.
@@ -134,7 +136,8 @@ def _children(node: yaml.Node, path: tuple) -> list[tuple[yaml.Node, tuple]]:
 
 
 def _check_nodes(root: yaml.Node, file: Path) -> None:
-    """Refuse duplicate keys, self-referencing aliases and alias bombs, walking the node graph without recursion.
+    """Refuse duplicate keys, self-referencing aliases, alias bombs and deep nesting, walking the node graph
+    without recursion.
 
     PyYAML keeps the last of two equal keys, which in a spec hides a mistake; an
     alias inside its own anchor would make validation recurse forever; aliases
@@ -157,6 +160,9 @@ def _check_nodes(root: yaml.Node, file: Path) -> None:
             continue  # an alias of a node already checked
         if id(node) in on_path:
             raise SpecError(file, _format_path(path), node.start_mark.line + 1, "an alias refers to its own anchor")
+        if len(path) > _MAX_DEPTH:  # the schema's validator recurses per level, as any reader of the value would
+            raise SpecError(file, _format_path(path[:2]), node.start_mark.line + 1,
+                            f"nested deeper than {_MAX_DEPTH} levels; a spec needs four")
         if isinstance(node, yaml.MappingNode):
             seen = set()
             for key, _ in node.value:
