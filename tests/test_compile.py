@@ -54,6 +54,8 @@ def test_builtin_spec_path_has_the_merge_family():
 # --------------------------------------------------------------------------- every variant
 
 
+# The exhaustive sweep: `kgen build --arch sm_90a` in .ci/run covers the same ground through the CLI's gates.
+@pytest.mark.sweep
 @pytest.mark.parametrize("name", ALL_VARIANTS)
 def test_every_variant_compiles_without_spills(name, cache_dir):
     variant = _variant(name)
