@@ -2,9 +2,10 @@
 // fp32 accumulators, 16-bit inputs. A comes from shared memory (SS form) or from registers
 // (RS form); B always from shared memory, described by a 64-bit matrix descriptor.
 //
-// Included with Jinja after common/numeric.cuh, common/host_contract.cuh and common/swizzle.cuh. The including template sets
-// `wgmma_widths` (the N values it uses) and `wgmma_input` (bf16 or f16): each width gets
-// its own asm, with one "+f" operand per accumulator, generated below.
+// Needs common/numeric.cuh, common/host_contract.cuh and common/swizzle.cuh. Two Jinja variables,
+// which the includer passes in a `with` block around the include: `wgmma_widths` (the N values it
+// uses) and `wgmma_input` (bf16 or f16). Each width gets its own asm, with one "+f" operand per
+// accumulator, generated below.
 //
 // Accumulators are float[N / 8][4]: thread t of the warpgroup holds, for column block j,
 // rows 16 (t / 32) + (t % 32) / 4 (+8 for elements 2, 3), columns 8 j + 2 (t % 4) (+1):
