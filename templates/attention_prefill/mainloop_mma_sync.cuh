@@ -86,8 +86,9 @@ struct MmaSyncKernel {
                     // orders them before the TMA unit's writes.
                     fence_proxy_async_shared();
                     mbarrier_arrive_expect_tx(bar, 2 * KVTile::kBytes);
-                    attention::load_tile_tma<KVTile>(smem.k + buf * KVTile::kBytes, args.map_k, tile.k_start + n * kTileN, tile.kv_head, bar);
-                    attention::load_tile_tma<KVTile>(smem.v + buf * KVTile::kBytes, args.map_v, tile.k_start + n * kTileN, tile.kv_head, bar);
+                    const int first_key = tile.k_start + n * kTileN;
+                    attention::load_tile_tma<KVTile>(smem.k + buf * KVTile::kBytes, args.map_k, first_key, tile.kv_head, bar);
+                    attention::load_tile_tma<KVTile>(smem.v + buf * KVTile::kBytes, args.map_v, first_key, tile.kv_head, bar);
                 }
             } else if constexpr (kCpAsyncTail) {
                 const long long key0 = static_cast<long long>(tile.k_start) + n * kTileN;

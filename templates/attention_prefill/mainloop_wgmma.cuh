@@ -172,10 +172,12 @@ struct WgmmaKernel {
                     // A fresh barrier's previous phase counts as complete, so the first pass does not wait.
                     mbarrier_wait(bars.k_empty(stage), parity_of(i) ^ 1);
                     mbarrier_arrive_expect_tx(bars.k_full(stage), kKVTileBytes);
-                    attention::load_tile_tma<KVTile>(s_k + stage * kKVTileBytes, args.map_k, first_key, tile.kv_head, bars.k_full(stage), read_again);
+                    attention::load_tile_tma<KVTile>(s_k + stage * kKVTileBytes, args.map_k, first_key, tile.kv_head, bars.k_full(stage),
+                                                     read_again);
                     mbarrier_wait(bars.v_empty(stage), parity_of(i) ^ 1);
                     mbarrier_arrive_expect_tx(bars.v_full(stage), kKVTileBytes);
-                    attention::load_tile_tma<KVTile>(s_v + stage * kKVTileBytes, args.map_v, first_key, tile.kv_head, bars.v_full(stage), read_again);
+                    attention::load_tile_tma<KVTile>(s_v + stage * kKVTileBytes, args.map_v, first_key, tile.kv_head, bars.v_full(stage),
+                                                     read_again);
                 }
             }
             return;
@@ -245,8 +247,8 @@ struct WgmmaKernel {
             if constexpr (kTmaTail) {
                 // Only a sequence's last key tile can be incomplete, and it is the run's last.
                 if (last_key0 + kTileN > tile.lk) {
-                    attention::clear_rows_past<KVTile, kConsumerThreads>(smem_raw + (s_v + stage_of(last) * kKVTileBytes - smem_addr(smem_raw)),
-                                                              tile.lk - last_key0, consumer_thread);
+                    unsigned char* const v_tile = smem_raw + (s_v + stage_of(last) * kKVTileBytes - smem_addr(smem_raw));
+                    attention::clear_rows_past<KVTile, kConsumerThreads>(v_tile, tile.lk - last_key0, consumer_thread);
                     fence_proxy_async_shared();  // wgmma reads through the async proxy
                     named_barrier_sync(kConsumerBarrier, kConsumerThreads);
                 }
@@ -286,7 +288,8 @@ struct WgmmaKernel {
         __syncwarp();
         const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
         const int rows = min(16, tile.lq - tile.row0 - warp_row0);
-        T* const out_rows = args.out + static_cast<long long>(tile.q_start + tile.row0 + warp_row0) * args.o_stride_t + tile.head * args.o_stride_h;
+        T* const out_rows = args.out + static_cast<long long>(tile.q_start + tile.row0 + warp_row0) * args.o_stride_t +
+                            tile.head * args.o_stride_h;
         for (int idx = lane; idx < rows * kRowChunks; idx += 32) {
             const int row = idx / kRowChunks, chunk = idx % kRowChunks;
             *reinterpret_cast<uint4*>(out_rows + row * args.o_stride_t + chunk * 8) =
