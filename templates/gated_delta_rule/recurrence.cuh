@@ -52,6 +52,8 @@ struct Recurrence {
         return mn_major_descriptor(tile + kk * 16 * 128, kPanelBytes);
     }
 
+    // The kernels' parameters in the contract's order (chunk.cu.j2 passes them by the contract's
+    // names). Taken one by one, not as one struct, whose loads ptxas schedules differently.
     template <bool kSummary>
     __device__ static __forceinline__ void run(const kgen::TmaDescriptor& map_q, const kgen::TmaDescriptor& map_k,
                                                const kgen::TmaDescriptor& map_v, const kgen::TmaDescriptor& map_tbeta,
