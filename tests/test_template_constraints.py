@@ -112,8 +112,9 @@ def test_every_admitted_value_compiles_into_a_tested_variant_or_fails_with_its_a
     ("attention_prefill", {"threads": 32}, "threads per block differ from the host's contract"),
     ("attention_prefill", {"sizes": {"q_box_rows": 8, "kv_box_rows": 8, "box_span_bytes": 128}},
      "the host's TMA boxes must be one Q tile and one K/V tile high"),
-    # The signature is rendered from the contract: a parameter it lacks is one the body cannot name.
-    ("attention_prefill", {"drop_parameter": True}, 'identifier "window_right" is undefined'),
+    # The signature and the mainloop's arguments are rendered from the contract: a parameter it lacks
+    # is one the body cannot name.
+    ("attention_prefill", {"drop_parameter": True}, 'class "<unnamed>::Arguments" has no member "window_right"'),
     ("merge_attention_states", {"sizes": {"tile_rows": 3}}, "rows per block differ from the host's contract"),
     ("merge_attention_states", {"drop_parameter": True}, 'identifier "num_heads" is undefined'),
 ])

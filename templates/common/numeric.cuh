@@ -48,7 +48,11 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     return out;
 }
 
+// Softmax runs in the log2 domain (one MUFU.EX2 per exponential): a natural-log input is scaled
+// by log2(e) on the way in, a log2 LSE by ln 2 on the way out.
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
 // 2^x with one MUFU.EX2, flushing denormal results to zero: exp2f() adds a range
 // check and two rescaling multiplies per call to keep denormals, which a softmax
 // never needs.

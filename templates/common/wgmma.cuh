@@ -2,9 +2,10 @@
 // fp32 accumulators, 16-bit inputs. A comes from shared memory (SS form) or from registers
 // (RS form); B always from shared memory, described by a 64-bit matrix descriptor.
 //
-// Included with Jinja after common/numeric.cuh and common/host_contract.cuh. The including template sets
-// `wgmma_widths` (the N values it uses) and `wgmma_input` (bf16 or f16): each width gets
-// its own asm, with one "+f" operand per accumulator, generated below.
+// Needs common/numeric.cuh, common/host_contract.cuh and common/swizzle.cuh. Two Jinja variables,
+// which the includer passes in a `with` block around the include: `wgmma_widths` (the N values it
+// uses) and `wgmma_input` (bf16 or f16). Each width gets its own asm, with one "+f" operand per
+// accumulator, generated below.
 //
 // Accumulators are float[N / 8][4]: thread t of the warpgroup holds, for column block j,
 // rows 16 (t / 32) + (t % 32) / 4 (+8 for elements 2, 3), columns 8 j + 2 (t % 4) (+1):
@@ -15,8 +16,8 @@ namespace kgen {
 
 // ---- Shared-memory matrix descriptors ----
 //
-// A tile stored as TMA writes it with a 128-byte swizzle: panels of 64 16-bit columns,
-// each [rows][128 B], row r's 16-byte chunk c at c ^ (r % 8); panels 1024-byte aligned.
+// A tile stored as TMA writes it with a 128-byte swizzle (common/swizzle.cuh): panels (spans) of
+// 64 16-bit columns, each [rows][128 B], aligned to a repeat of the pattern.
 enum class Swizzle : unsigned { k128B = 1, k64B = 2, k32B = 3 };  // the descriptor's encoding
 
 __device__ __forceinline__ unsigned long long smem_descriptor(unsigned smem, unsigned leading_bytes,
@@ -31,14 +32,14 @@ __device__ __forceinline__ unsigned long long smem_descriptor(unsigned smem, uns
 // of 8 rows are 1024 bytes apart; the leading offset is unused. A k16 step inside a panel
 // moves the start 32 bytes; the next panel is the next 64 columns.
 __device__ __forceinline__ unsigned long long k_major_descriptor(unsigned smem) {
-    return smem_descriptor(smem, 16, 1024, Swizzle::k128B);
+    return smem_descriptor(smem, 16, kSwizzleAlignment, Swizzle::k128B);
 }
 
 // MN-major (the output dimension contiguous: V in P V), 128-byte swizzle: 8 rows of K
 // (keys) are 1024 bytes apart, and 64-column panels of N `panel_bytes` apart. The same
 // describes an M-major A (the transposed-A form of wgmma_ss).
 __device__ __forceinline__ unsigned long long mn_major_descriptor(unsigned smem, unsigned panel_bytes) {
-    return smem_descriptor(smem, panel_bytes, 1024, Swizzle::k128B);
+    return smem_descriptor(smem, panel_bytes, kSwizzleAlignment, Swizzle::k128B);
 }
 
 // ---- Ordering ----

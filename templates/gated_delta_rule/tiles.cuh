@@ -1,26 +1,21 @@
 // Shared-memory tiles of the chunked gated delta rule and their mma.sync fragments.
-// Included after common/numeric.cuh, smem.cuh, mma.cuh and cp_async.cuh.
+// Needs common/numeric.cuh, smem.cuh, swizzle.cuh, mma.cuh and cp_async.cuh.
 //
-// A tile is [kRows][kCols] 16-bit elements stored as wgmma's descriptors read them with a
-// 128-byte swizzle (and as TMA writes them): panels of 64 columns, each [kRows][128 bytes], row r's
-// 16-byte chunk c at c ^ (r % 8), panels 1024-byte aligned. The eight row addresses of an
-// ldmatrix then hit eight different bank groups. (32-column tiles: 64-byte rows, two to a
-// 128-byte line, the XOR stepping every second row; mma.sync operands only.) Fragment loads
-// follow the m16n8k16 operand layouts: A (16x16) row-major, B (16x8) column-major, and the
-// fp32 accumulator C with rows lane/4 and lane/4 + 8, columns 2 (lane % 4) + {0, 1}.
+// A tile is [kRows][kCols] 16-bit elements, kCols a multiple of 64, in TMA's 128-byte swizzled
+// layout (common/swizzle.cuh), which wgmma's descriptors read too; the eight row addresses of an
+// ldmatrix then hit eight different bank groups. Fragment loads follow the m16n8k16 operand
+// layouts: A (16x16) row-major, B (16x8) column-major, and the fp32 accumulator C with rows lane/4
+// and lane/4 + 8, columns 2 (lane % 4) + {0, 1}.
 namespace kgen {
 namespace gdn {
 
 constexpr int kChunk = 64;  // tokens per chunk; a chunk never crosses a sequence
 
+// The element index of (row, col) in a [kRows][kCols] tile.
 template <int kCols, int kRows = kChunk>
 __device__ __forceinline__ int swizzled(int row, int col) {
-    static_assert(kCols == 32 || kCols % 64 == 0, "tiles of 32 columns or of whole 64-column panels");
-    if constexpr (kCols == 32) {
-        return row * 32 + (((col >> 3) ^ ((row / 2) & 3)) << 3) + (col & 7);
-    } else {
-        return (col / 64) * kRows * 64 + row * 64 + ((((col % 64) >> 3) ^ (row % 8)) << 3) + (col & 7);
-    }
+    static_assert(kCols % 64 == 0, "tiles of whole 64-column (128-byte) spans");
+    return kgen::swizzled<128, kRows, 2, 2>(row, col);
 }
 
 // A fragment of rows [m0, m0 + 16) x columns [k0, k0 + 16) of a row-major [m][k] tile.
@@ -71,16 +66,16 @@ __device__ __forceinline__ void store_accumulators(E* tile, const float (&c)[kTi
 }
 
 // Rows [0, kChunk) x columns [0, kCols) of a global matrix (row stride `stride` elements) into a tile
-// by cp.async, the block's kThreads threads sharing the 16-byte chunks. With kTail, rows from
-// `valid` on are zero-filled and never read: a chunk never reads the next sequence's rows.
-template <int kCols, int kThreads, bool kTail, class E>
+// by cp.async, the block's kThreads threads sharing the 16-byte chunks. With kIncompleteTile, rows
+// from `valid` on are zero-filled and never read: a chunk never reads the next sequence's rows.
+template <int kCols, int kThreads, bool kIncompleteTile, class E>
 __device__ __forceinline__ void load_tile(E* tile, const E* src, long long stride, int valid) {
     constexpr int kChunks = kChunk * kCols / 8;
     static_assert(kChunks % kThreads == 0, "whole chunks per thread");
 #pragma unroll
     for (int i = threadIdx.x; i < kChunks; i += kThreads) {
         const int row = i / (kCols / 8), col = (i % (kCols / 8)) * 8;
-        const bool inside = !kTail || row < valid;
+        const bool inside = !kIncompleteTile || row < valid;
         cp_async_16_zfill(smem_addr(tile + swizzled<kCols>(row, col)), src + (inside ? row * stride + col : 0), inside);
     }
 }

@@ -1,0 +1,302 @@
+// The wgmma kernel (FlashAttention-3 style), for sm_90a.
+//
+// Warp roles: warpgroup 0 is the producer, in which one thread issues every TMA load;
+// warpgroups 1.. are consumers, each owning 64 query rows (16 a warp). K and V stream
+// through separate two-stage pipelines, each stage with a full mbarrier (TMA's bytes
+// landed) and an empty one (every consumer warp is done reading). S = Q K^T reads both
+// operands from shared memory; P stays in registers and is the A operand of O += P V.
+// Each consumer issues S of key tile j before it waits for P V of tile j - 1, so the
+// softmax of tile j runs while the tensor cores add tile j - 1.
+//
+// Config: T, kHeadDim, kTileM, kTileN, kWarps, kMinBlocksPerSm, kHasIncompleteTile, kCpAsyncTail
+// and kTmaTail (incomplete tiles load by cp.async, or as whole TMA boxes); kernel.cu.j2 defines it.
+// Needs common/ numeric, smem, swizzle, lse_merge, tma, wgmma (with widths tile_n and head_dim)
+// and warp_roles; attention_common/ tiles and softmax; attention_prefill/ rows and shared_memory.
+namespace kgen {
+namespace attention_prefill {
+
+template <class Config>
+struct WgmmaKernel {
+    using T = typename Config::T;
+    static constexpr int kHeadDim = Config::kHeadDim, kTileM = Config::kTileM, kTileN = Config::kTileN;
+    static constexpr int kWarps = Config::kWarps;
+    static constexpr bool kHasIncompleteTile = Config::kHasIncompleteTile;
+    static constexpr bool kCpAsyncTail = Config::kCpAsyncTail, kTmaTail = Config::kTmaTail;
+    // One producer warpgroup (TMA) and tile_m / 64 consumer warpgroups, each consumer warp
+    // owning 16 query rows; num_warps counts the consumer warps.
+    static constexpr int kConsumerGroups = kTileM / 64;
+    static constexpr int kConsumerThreads = kConsumerGroups * kWarpgroupThreads;
+    static constexpr int kThreads = kConsumerThreads + kWarpgroupThreads;
+
+    using QTile = attention::Tile<T, kHeadDim, kTileM>;
+    using KVTile = attention::Tile<T, kHeadDim, kTileN>;
+    static constexpr int kQBytes = QTile::kBytes, kKVTileBytes = KVTile::kBytes;
+    static constexpr int kSpanBytes = QTile::kSpanBytes, kSpanCols = QTile::kSpanCols, kSpans = QTile::kSpans;
+    static constexpr int kRowChunks = QTile::kRowChunks;
+    // Full and empty mbarriers for two K and two V buffers, and Q's: 8 bytes each.
+    static constexpr int kBarrierBytes = 128;
+    static_assert(9 * 8 <= kBarrierBytes, "room for nine mbarriers");
+    using Smem = SharedMemory<QTile, KVTile, kBarrierBytes>;
+    static constexpr int kDynamicSmemBytes = Smem::kDynamicBytes;
+    // A consumer warpgroup's 64 rows: one row block of the softmax's fragments per warp.
+    using RowState = attention::RowState<1, kHeadDim>;
+    using Scores = attention::Scores<1, kTileN>;
+    using Probabilities = attention::Probabilities<1, kTileN>;
+    using RowFactors = attention::RowFactors<1>;
+
+    static_assert(kTileM == 64 || kTileM == 128 || kTileM == 192,
+                  "attention_prefill: with mma=wgmma, tile_m must be 64, 128 or 192 (one consumer warpgroup per 64 rows)");
+    static_assert(kTileN % 16 == 0 && kTileN <= 256,
+                  "attention_prefill: with mma=wgmma, tile_n must be a multiple of 16 up to 256 (whole k16 steps of P V)");
+    static_assert(kWarps == kTileM / 16,
+                  "attention_prefill: with mma=wgmma, num_warps counts the consumer warps and must be tile_m / 16");
+    static_assert(Config::kMinBlocksPerSm == 1,
+                  "attention_prefill: with mma=wgmma, min_blocks_per_sm must be 1 (setmaxnreg needs one block per SM)");
+    static_assert(kSpanBytes == 128,
+                  "attention_prefill: with mma=wgmma, head_dim must be at least 64 (128-byte swizzle panels)");
+    static_assert(!kCpAsyncTail, "attention_prefill: with mma=wgmma, tail must be tma");
+
+    // Registers per thread after the split: the producer needs few, the consumers hold S, P and O.
+    static constexpr int kProducerRegisters = kConsumerGroups == 3 ? 32 : 24;
+    static constexpr int kConsumerRegisters = kConsumerGroups == 3 ? 160 : 240;
+    static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * kConsumerRegisters) <= 65536,
+                  "the register budgets exceed the register file");
+    // A consumer thread holds S (tile_n / 2 fp32), P (tile_n / 4) and O (head_dim / 2) for its 64-row
+    // group, and about 32 more registers of addresses and row state; past its budget ptxas gives up
+    // (or serialises wgmma), so such shapes are refused here with their axes named.
+    static_assert(kTileN * 3 / 4 + kHeadDim / 2 + 32 <= kConsumerRegisters,
+                  "attention_prefill: with mma=wgmma, tile_n and head_dim are too large for the consumer registers of "
+                  "this tile_m (S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 32 of 240, or of 160 at tile_m 192)");
+    static constexpr int kConsumerWarps = kConsumerThreads / 32;
+    static constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads')
+    // Pingpong (two consumer warpgroups, head dims up to 128, as FlashAttention-3): the groups
+    // take turns on the tensor cores, so one computes its softmax while the other's products
+    // run. Group g waits on named barrier kTurnBarrier + g before issuing, and hands the turn
+    // over by arriving on the other's after.
+    static constexpr bool kPingpong = kConsumerGroups == 2 && kHeadDim <= 128;
+    static constexpr int kTurnBarrier = 2;  // ids 2 and 3
+    static constexpr int kStepsPerPanel = kSpanBytes / 32;  // k16 steps of Q K^T inside one 128-byte panel
+
+    // The pipelines' mbarriers, 8 bytes each in the barrier area.
+    struct Barriers {
+        unsigned base;
+        __device__ unsigned k_full(int stage) const { return base + 8 * stage; }
+        __device__ unsigned k_empty(int stage) const { return base + 16 + 8 * stage; }
+        __device__ unsigned v_full(int stage) const { return base + 32 + 8 * stage; }
+        __device__ unsigned v_empty(int stage) const { return base + 48 + 8 * stage; }
+        __device__ unsigned q_full() const { return base + 64; }
+    };
+
+    // Key tile i of a CTA's run lives in stage i % 2, and its phases alternate every two tiles.
+    __device__ static __forceinline__ int stage_of(int i) { return i & 1; }
+    __device__ static __forceinline__ unsigned parity_of(int i) { return (i >> 1) & 1; }
+
+    // A consumer warp is done with a buffer: one arrival per warp, after its wgmma wait.
+    __device__ static __forceinline__ void release(unsigned bar, int lane) {
+        if (lane == 0) mbarrier_arrive(bar);
+    }
+
+    // This group's turn to issue products (pingpong), and its hand-over to the other group.
+    __device__ static __forceinline__ void take_turn(int group) {
+        if constexpr (kPingpong) named_barrier_sync(kTurnBarrier + group, kConsumerThreads);
+    }
+
+    __device__ static __forceinline__ void pass_turn(int group) {
+        if constexpr (kPingpong) named_barrier_arrive(kTurnBarrier + (group ^ 1), kConsumerThreads);
+    }
+
+    // S = Q K^T of this warpgroup's 64 rows and one key tile, issued and committed, not waited for.
+    __device__ static __forceinline__ void issue_scores(Scores& s, unsigned q_rows, unsigned k_tile) {
+        fence_operands(s[0]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const int panel = kk / kStepsPerPanel, step = kk % kStepsPerPanel;
+            const unsigned long long a = k_major_descriptor(q_rows + panel * kQBytes / kSpans + step * 32);
+            const unsigned long long b = k_major_descriptor(k_tile + panel * kKVTileBytes / kSpans + step * 32);
+            wgmma_ss<kTileN, 0>(s[0], a, b, kk > 0);
+        }
+        wgmma_commit();
+        fence_operands(s[0]);
+    }
+
+    // O += P V for one key tile, issued and committed, not waited for.
+    __device__ static __forceinline__ void issue_pv(RowState& state, Probabilities& p, unsigned v_tile) {
+        fence_operands(state.o[0]);
+        fence_operands(p[0]);
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < kTileN / 16; ++kb) {
+            // 16 keys are 16 rows of every panel; the panels (64 head-dim columns each) are kKVTileBytes / kSpans apart.
+            const unsigned long long b = mn_major_descriptor(v_tile + kb * 16 * kSpanBytes, kKVTileBytes / kSpans);
+            wgmma_rs<kHeadDim, 1>(state.o[0], p[0][kb], b, true);
+        }
+        wgmma_commit();
+        fence_operands(state.o[0]);
+        fence_operands(p[0]);
+    }
+
+    // Args: the kernel's arguments by name (kernel.cu.j2 renders them from the host's contract).
+    template <class Args>
+    __device__ static __forceinline__ void run(const Args& args) {
+        extern __shared__ unsigned char smem_raw[];
+        const Smem smem(smem_raw);
+        const unsigned s_q = smem.q, s_k = smem.k, s_v = smem.v;  // K and V: two stages each
+        const Barriers bars{smem.barriers};
+        if (threadIdx.x == 0) {
+            for (int stage = 0; stage < 2; ++stage) {
+                mbarrier_init(bars.k_full(stage), 1);
+                mbarrier_init(bars.v_full(stage), 1);
+                mbarrier_init(bars.k_empty(stage), kConsumerWarps);
+                mbarrier_init(bars.v_empty(stage), kConsumerWarps);
+            }
+            mbarrier_init(bars.q_full(), 1);
+            mbarrier_init_fence();
+        }
+        __syncthreads();
+
+        const auto tile = TileWork<kTileM, kTileN, kHasIncompleteTile>::of_block(args.work, args.cu_seqlens_q, args.cu_seqlens_k,
+                                                                             args.heads_per_kv, args.window_left, args.window_right);
+        const int num_tiles = max(tile.n_end - tile.n_begin, 0);
+        const int warp = warp_index(), lane = threadIdx.x % 32;
+
+        if (warp < 4) {
+            // ---- Producer: one thread loads Q once and K/V tile by tile, as the consumers free stages. ----
+            release_registers<kProducerRegisters>();
+            if (threadIdx.x == 0 && num_tiles > 0) {
+                const unsigned long long read_once = l2_evict_first(), read_again = l2_evict_last();
+                mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
+                attention::load_tile_tma<QTile>(s_q, args.map_q, tile.q_start + tile.row0, tile.head, bars.q_full(), read_once);
+                for (int i = 0; i < num_tiles; ++i) {
+                    const int stage = stage_of(i), first_key = tile.k_start + (tile.n_begin + i) * kTileN;
+                    // A fresh barrier's previous phase counts as complete, so the first pass does not wait.
+                    mbarrier_wait(bars.k_empty(stage), parity_of(i) ^ 1);
+                    mbarrier_arrive_expect_tx(bars.k_full(stage), kKVTileBytes);
+                    attention::load_tile_tma<KVTile>(s_k + stage * kKVTileBytes, args.map_k, first_key, tile.kv_head, bars.k_full(stage),
+                                                     read_again);
+                    mbarrier_wait(bars.v_empty(stage), parity_of(i) ^ 1);
+                    mbarrier_arrive_expect_tx(bars.v_full(stage), kKVTileBytes);
+                    attention::load_tile_tma<KVTile>(s_v + stage * kKVTileBytes, args.map_v, first_key, tile.kv_head, bars.v_full(stage),
+                                                     read_again);
+                }
+            }
+            return;
+        }
+
+        // ---- Consumers ----
+        claim_registers<kConsumerRegisters>();
+        const int consumer_thread = threadIdx.x - kWarpgroupThreads;
+        const int group = consumer_thread / kWarpgroupThreads;
+        const int quad_row = lane / 4, quad_col = lane % 4;
+        // This thread's rows: thread_row0 and 8 below it (wgmma's accumulator layout).
+        const int thread_row0 = tile.row0 + 64 * group + 16 * ((consumer_thread / 32) % 4) + quad_row;
+        auto row_of = [&](int i) { return thread_row0 + 8 * i; };
+        const unsigned q_rows = s_q + 64 * group * kSpanBytes;  // the group's rows of the first panel
+
+        RowState state;
+#pragma unroll
+        for (int db = 0; db < kHeadDim / 8; ++db)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) state.o[0][db][e] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) state.max[i] = -inf(), state.sum[i] = 0.f;
+
+        auto mask_if_crossing = [&](Scores& s, int key0) {
+            if (tile.crosses_boundary(key0)) mask_scores(s, tile.mask, key0, thread_row0, quad_col);
+        };
+
+        if (num_tiles > 0) {
+            Scores s;
+            Probabilities p;
+            RowFactors correction;
+            // Every turn taken is handed over: group 1 hands group 0 its first, and group 0 takes
+            // one more turn at the end, the hand-over of group 1's last.
+            if (group == 1) pass_turn(group);
+            mbarrier_wait(bars.q_full(), 0);
+            mbarrier_wait(bars.k_full(0), 0);
+            take_turn(group);
+            issue_scores(s, q_rows, s_k);
+            pass_turn(group);
+            wgmma_wait<0>();
+            fence_operands(s[0]);
+            release(bars.k_empty(0), lane);
+            mask_if_crossing(s, tile.n_begin * kTileN);
+            attention::softmax_update(s, state, args.scale_log2, correction);  // O is still 0: no rescale
+            attention::pack_probabilities<T>(s, p);
+            for (int i = 1; i < num_tiles; ++i) {
+                const int stage = stage_of(i), previous = stage_of(i - 1);
+                mbarrier_wait(bars.k_full(stage), parity_of(i));
+                mbarrier_wait(bars.v_full(previous), parity_of(i - 1));
+                take_turn(group);
+                issue_scores(s, q_rows, s_k + stage * kKVTileBytes);
+                issue_pv(state, p, s_v + previous * kKVTileBytes);
+                pass_turn(group);
+                wgmma_wait<1>();  // S of tile i has landed; P V of tile i - 1 may still run
+                fence_operands(s[0]);
+                release(bars.k_empty(stage), lane);
+                mask_if_crossing(s, (tile.n_begin + i) * kTileN);
+                attention::softmax_update(s, state, args.scale_log2, correction);
+                wgmma_wait<0>();
+                fence_operands(state.o[0]);
+                release(bars.v_empty(previous), lane);
+                attention::rescale_output(state, correction);
+                attention::pack_probabilities<T>(s, p);
+            }
+            const int last = num_tiles - 1, last_key0 = (tile.n_begin + last) * kTileN;
+            mbarrier_wait(bars.v_full(stage_of(last)), parity_of(last));
+            if constexpr (kTmaTail) {
+                // Only a sequence's last key tile can be incomplete, and it is the run's last.
+                if (last_key0 + kTileN > tile.lk) {
+                    unsigned char* const v_tile = smem_raw + (s_v + stage_of(last) * kKVTileBytes - smem_addr(smem_raw));
+                    attention::clear_rows_past<KVTile, kConsumerThreads>(v_tile, tile.lk - last_key0, consumer_thread);
+                    fence_proxy_async_shared();  // wgmma reads through the async proxy
+                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+                }
+            }
+            take_turn(group);
+            issue_pv(state, p, s_v + stage_of(last) * kKVTileBytes);
+            pass_turn(group);
+            if (group == 0) take_turn(group);
+            wgmma_wait<0>();
+            fence_operands(state.o[0]);
+        }
+
+        const float sink_log2 = args.sink != nullptr ? args.sink[tile.head] * kLog2e : -inf();
+        float* const lse_head = args.lse + tile.head * args.lse_stride_h + tile.q_start;
+        // O goes through shared memory: into the Q buffer, whose last reader (this group's last S) is
+        // done, each group writing only its own rows.
+        unsigned char* const o_tile = smem_raw + (s_q - smem_addr(smem_raw));
+        write_output<T, kHasIncompleteTile>(state, lse_head, tile.lq, sink_log2, quad_col, row_of, [&](int row, int db, unsigned pair) {
+            *reinterpret_cast<unsigned*>(o_tile + attention::chunk_offset<QTile>(row - tile.row0, db) + 4 * quad_col) = pair;
+        });
+        if (!kHasIncompleteTile || tile.row0 + kTileM <= tile.lq) {
+            // A full tile: out by one TMA store per column block, once every consumer has written its rows.
+            fence_proxy_async_shared();  // the TMA store reads through the async proxy
+            named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+            if (consumer_thread == 0) {
+#pragma unroll
+                for (int b = 0; b < kSpans; ++b) {
+                    tma_store_3d(&args.map_o, s_q + b * kTileM * kSpanBytes, b * kSpanCols, tile.head, tile.q_start + tile.row0);
+                }
+                tma_store_commit();
+                tma_store_wait_read();  // the block's shared memory must outlive the store's reads
+            }
+            return;
+        }
+        // An incomplete tile: each warp copies out the rows it wrote (16 from warp_row0), those inside the
+        // sequence only, 16 bytes a lane at a time.
+        __syncwarp();
+        const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
+        const int rows = min(16, tile.lq - tile.row0 - warp_row0);
+        T* const out_rows = args.out + static_cast<long long>(tile.q_start + tile.row0 + warp_row0) * args.o_stride_t +
+                            tile.head * args.o_stride_h;
+        for (int idx = lane; idx < rows * kRowChunks; idx += 32) {
+            const int row = idx / kRowChunks, chunk = idx % kRowChunks;
+            *reinterpret_cast<uint4*>(out_rows + row * args.o_stride_t + chunk * 8) =
+                *reinterpret_cast<const uint4*>(o_tile + attention::chunk_offset<QTile>(warp_row0 + row, chunk));
+        }
+    }
+};
+
+}  // namespace attention_prefill
+}  // namespace kgen

@@ -1,0 +1,102 @@
+// The prefill kernels' row logic: the mask, the work item of a CTA, and the epilogue.
+// Needs common/numeric.cuh, common/lse_merge.cuh and attention_common/softmax.cuh.
+namespace kgen {
+namespace attention_prefill {
+
+// The mask: keys past the sequence end and outside the window get score -inf. It is a
+// select, so a NaN score of such a key (from a NaN key row) is dropped too.
+struct Mask {
+    int lk, offset, window_left, window_right;
+
+    __device__ __forceinline__ bool allows(int row, int key) const {
+        return key < lk && (window_left < 0 || key >= row + offset - window_left) &&
+               (window_right < 0 || key <= row + offset + window_right);
+    }
+};
+
+// A CTA's work item: query tile work[blockIdx.x] (of kTileM rows) of its sequence for head
+// blockIdx.y, and the key tiles (of kTileN keys) [n_begin, n_end) holding a key some row of the
+// tile may attend. Without kHasIncompleteTile every sequence is whole tiles long.
+template <int kTileM, int kTileN, bool kHasIncompleteTile>
+struct TileWork {
+    int head, kv_head, q_start, lq, k_start, lk, row0, row_last, n_begin, n_end;
+    Mask mask;
+
+    // Key tile `key0` needs the mask: it crosses the sequence end or a window edge.
+    __device__ __forceinline__ bool crosses_boundary(int key0) const {
+        const bool crosses_end = kHasIncompleteTile && key0 + kTileN > lk;
+        const bool crosses_left = mask.window_left >= 0 && key0 < row_last + mask.offset - mask.window_left;
+        const bool crosses_right = mask.window_right >= 0 && key0 + kTileN - 1 > row0 + mask.offset + mask.window_right;
+        return crosses_end || crosses_left || crosses_right;
+    }
+
+    __device__ static __forceinline__ TileWork of_block(const int* work, const int* cu_seqlens_q, const int* cu_seqlens_k,
+                                                        long long heads_per_kv, long long window_left, long long window_right) {
+        TileWork t;
+        const int seq = work[2 * blockIdx.x], q_tile = work[2 * blockIdx.x + 1];
+        t.head = blockIdx.y;
+        t.kv_head = t.head / static_cast<int>(heads_per_kv);
+        t.q_start = cu_seqlens_q[seq];
+        t.lq = cu_seqlens_q[seq + 1] - t.q_start;
+        t.k_start = cu_seqlens_k[seq];
+        t.lk = cu_seqlens_k[seq + 1] - t.k_start;
+        t.mask = Mask{t.lk, t.lk - t.lq, static_cast<int>(window_left), static_cast<int>(window_right)};
+        t.row0 = q_tile * kTileM;
+        t.row_last = min(t.row0 + kTileM, t.lq) - 1;
+        t.n_begin = 0;
+        t.n_end = (t.lk + kTileN - 1) / kTileN;
+        if (t.mask.window_left >= 0) t.n_begin = max(0, t.row0 + t.mask.offset - t.mask.window_left) / kTileN;
+        if (t.mask.window_right >= 0) {
+            const int last_key = t.row_last + t.mask.offset + t.mask.window_right;
+            t.n_end = min(t.n_end, last_key < 0 ? 0 : last_key / kTileN + 1);
+        }
+        return t;
+    }
+};
+
+// thread_row0: the thread's first row (row block 0, upper half); its others are 8 and 16 apart.
+template <int kRowBlocks, int kBlocksN>
+__device__ __forceinline__ void mask_scores(float (&s)[kRowBlocks][kBlocksN][4], const Mask& mask, int key0, int thread_row0,
+                                            int quad_col) {
+#pragma unroll
+    for (int rb = 0; rb < kRowBlocks; ++rb) {
+#pragma unroll
+        for (int nb = 0; nb < kBlocksN; ++nb) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = key0 + nb * 8 + 2 * quad_col + (e & 1);
+                if (!mask.allows(thread_row0 + rb * 16 + (e >> 1) * 8, key)) s[rb][nb][e] = -inf();
+            }
+        }
+    }
+}
+
+// Fold in the sink, normalise, and store O (as T) and the natural-log LSE of the rows inside the
+// sequence (all rows without kHasIncompleteTile). store_pair(row, db, pair) puts the thread's two
+// packed elements of row `row` (of the sequence) and column block db (8 columns, the pair at
+// 2 * quad_col) where O goes: global memory, or a shared-memory tile for a TMA store.
+template <class T, bool kHasIncompleteTile, int kRowBlocks, int kHeadDim, class RowOf, class StorePair>
+__device__ __forceinline__ void write_output(const attention::RowState<kRowBlocks, kHeadDim>& state, float* lse_head, int lq,
+                                             float sink_log2, int quad_col, RowOf row_of, StorePair store_pair) {
+#pragma unroll
+    for (int i = 0; i < 2 * kRowBlocks; ++i) {
+        float total = state.sum[i];
+        total += __shfl_xor_sync(0xffffffffu, total, 1);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        const SinkFold fold = fold_sink(state.max[i], total, sink_log2);
+        // One term of the denominator is 2^0 (the row's or the sink's maximum), so it is >= 1 when
+        // positive, where the fast division is exact to 2 ulp; IEEE division calls a slow path.
+        const float o_scale = fold.denominator > 0.f ? __fdividef(fold.row_weight, fold.denominator) : 0.f;
+        const int row = row_of(i);
+        if (kHasIncompleteTile && row >= lq) continue;
+        const float (&acc)[kHeadDim / 8][4] = state.o[i / 2];
+#pragma unroll
+        for (int db = 0; db < kHeadDim / 8; ++db) {
+            store_pair(row, db, pack2<T>(acc[db][2 * (i % 2)] * o_scale, acc[db][2 * (i % 2) + 1] * o_scale));
+        }
+        if (quad_col == 0) lse_head[row] = fold.natural_lse();
+    }
+}
+
+}  // namespace attention_prefill
+}  // namespace kgen

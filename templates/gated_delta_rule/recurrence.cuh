@@ -1,0 +1,358 @@
+// The chunked gated delta rule's state recurrence over one segment, chunk after chunk: the body of
+// gated_delta_rule_chunk and gated_delta_rule_chunk_summary (chunk.cu.j2 says what it computes).
+//
+// Config: T, kHeadDim (K = V), kSliceV (value columns per block), kThreads, kHasIncompleteTile and
+// kKeyMajor (states [K, V], else [V, K]); chunk.cu.j2 defines it.
+// Needs common/ numeric, smem, swizzle, mma, cp_async, tma and wgmma (widths kSliceV, 64 and
+// kHeadDim); gated_delta_rule/tiles.cuh.
+namespace kgen {
+namespace gdn {
+
+// A segment row, as kgen/families/gated_delta_rule/chunk.py writes it.
+enum SegmentField { kSequence, kFirstToken, kEndToken, kFirstChunk, kChunks, kSummarySlot, kStartSlot, kWritesFinal,
+                    kSegmentFields };
+
+// The index of state element (key, value) of a [K, V] (kKeyMajor) or [V, K] state.
+template <bool kKeyMajor, int kHeadDim>
+__device__ __forceinline__ long long state_at(int key, int value) {
+    return kKeyMajor ? static_cast<long long>(key) * kHeadDim + value : static_cast<long long>(value) * kHeadDim + key;
+}
+
+template <class Config>
+struct Recurrence {
+    using T = typename Config::T;
+    static constexpr int kHeadDim = Config::kHeadDim, kSliceV = Config::kSliceV, kThreads = Config::kThreads;
+    static constexpr bool kHasIncompleteTile = Config::kHasIncompleteTile, kKeyMajor = Config::kKeyMajor;
+    static constexpr int kValueTiles = kSliceV / 8;   // accumulator column blocks of a value slice
+    static constexpr int kKeyTiles = kHeadDim / 8;    // ... of S^T's key columns
+    static constexpr int kPanelBytes = kChunk * 128;  // one 64-column panel of a 64-row tile
+
+    // Every tile a whole number of swizzle repeats, from a base aligned to one.
+    enum Load { kLoadK0, kLoadK1, kLoadQ, kLoadV, kLoadTbeta, kLoads };  // an mbarrier each
+    struct alignas(64) Shared {
+        T k[2][kChunk * kHeadDim];     // this chunk's and the next one's
+        T q[kChunk * kHeadDim], v[kChunk * kSliceV], tbeta[kChunk * kChunk];
+        T state[kSliceV * kHeadDim];   // S^T as K S's and Q S's B operand
+        T w_vn[kChunk * kSliceV];      // W = V - diag(e^Gamma) K S; then Vn (W is read only by Tbeta W)
+        T vn_decayed[kChunk * kSliceV];
+        unsigned long long loaded[kLoads];       // TMA loads of a full chunk have landed
+        float q_scale[kChunk], k_scale[kChunk];  // 1 / |row| with in-kernel l2norm
+    };
+    static_assert(sizeof(T) * kChunk * kSliceV % kSwizzleAlignment == 0 &&
+                  sizeof(T) * kSliceV * kHeadDim % kSwizzleAlignment == 0, "tiles of whole swizzle repeats");
+    static constexpr int kDynamicSmemBytes = sizeof(Shared) + kSwizzleAlignment;  // and the slack to align it
+
+    // Descriptors of k16 step kk: K-major tiles of kRows rows (the reduction over 64-column panels),
+    // and MN-major 64-row tiles (the reduction over rows, 16 of them per step).
+    template <int kRows>
+    __device__ static __forceinline__ unsigned long long k_major(unsigned tile, int kk) {
+        return k_major_descriptor(tile + (kk / 4) * kRows * 128 + (kk % 4) * 32);
+    }
+    __device__ static __forceinline__ unsigned long long mn_major(unsigned tile, int kk) {
+        return mn_major_descriptor(tile + kk * 16 * 128, kPanelBytes);
+    }
+
+    // The kernels' parameters in the contract's order (chunk.cu.j2 passes them by the contract's
+    // names). Taken one by one, not as one struct, whose loads ptxas schedules differently.
+    template <bool kSummary>
+    __device__ static __forceinline__ void run(const kgen::TmaDescriptor& map_q, const kgen::TmaDescriptor& map_k,
+                                               const kgen::TmaDescriptor& map_v, const kgen::TmaDescriptor& map_tbeta,
+                                               const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                               const float* __restrict__ g, const T* __restrict__ tbeta,
+                                               const int* __restrict__ segments, const float* __restrict__ initial_state,
+                                               const float* __restrict__ start_states, float* __restrict__ summary,
+                                               T* __restrict__ out, float* __restrict__ final_state, long long num_heads,
+                                               long long num_heads_v, float scale, long long use_qk_l2norm) {
+        extern __shared__ unsigned char smem_bytes[];
+        Shared& smem = *reinterpret_cast<Shared*>(kgen::align_up<kgen::kSwizzleAlignment>(smem_bytes));
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        const int* const segment = segments + kSegmentFields * blockIdx.z;
+        const int sequence = segment[kSequence], first_token = segment[kFirstToken], end_token = segment[kEndToken];
+        const int first_chunk = segment[kFirstChunk], chunks = segment[kChunks];
+        const int heads_v = static_cast<int>(num_heads_v), head_v = blockIdx.y;
+        const int head = head_v / (heads_v / static_cast<int>(num_heads));
+        const int column0 = blockIdx.x * kSliceV;
+        // Summary: the first K augmented columns are M's (start I, no values), the rest h's.
+        const bool transition = kSummary && column0 < kHeadDim;
+        const int value0 = kSummary && !transition ? column0 - kHeadDim : column0;
+        const long long qk_stride = num_heads * kHeadDim, v_stride = static_cast<long long>(heads_v) * kHeadDim;
+
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int i = 0; i < kLoads; ++i) kgen::mbarrier_init(kgen::smem_addr(&smem.loaded[i]), 1);
+            kgen::mbarrier_init_fence();
+        }
+        __syncthreads();
+        auto token_of = [&](int c) { return first_token + c * kChunk; };
+        // Only a segment's last chunk can be incomplete, so a full chunk's loads are its barriers'
+        // (c / 2)-th (K) and c-th (the others) phases.
+        auto is_full = [&](int c) { return !kHasIncompleteTile || end_token - token_of(c) >= kChunk; };
+        // One tile of a full chunk by TMA (thread 0 only): K, Q, V or Tbeta.
+        auto load_full = [&](Load which, int c) {
+            if (threadIdx.x != 0) return;
+            const unsigned bar = kgen::smem_addr(&smem.loaded[which]);
+            const int token = token_of(c);
+            if (which == kLoadK0 || which == kLoadK1 || which == kLoadQ) {
+                T* const tile = which == kLoadQ ? smem.q : smem.k[which - kLoadK0];
+                kgen::mbarrier_arrive_expect_tx(bar, kChunk * kHeadDim * sizeof(T));
+#pragma unroll
+                for (int panel = 0; panel < kHeadDim / 64; ++panel) {
+                    kgen::tma_load_3d(kgen::smem_addr(tile + panel * kChunk * 64), which == kLoadQ ? &map_q : &map_k, 64 * panel,
+                                      head, token, bar);
+                }
+            } else if (which == kLoadV) {
+                kgen::mbarrier_arrive_expect_tx(bar, kChunk * kSliceV * sizeof(T));
+                kgen::tma_load_3d(kgen::smem_addr(smem.v), &map_v, value0, head_v, token, bar);
+            } else {
+                kgen::mbarrier_arrive_expect_tx(bar, kChunk * kChunk * sizeof(T));
+                kgen::tma_load_3d(kgen::smem_addr(smem.tbeta), &map_tbeta, 0, 0, ((first_chunk + c) * heads_v + head_v) * kChunk, bar);
+            }
+        };
+        // Every tile of an incomplete chunk by cp.async, all threads, rows past the sequence zero-filled.
+        auto load_incomplete = [&](int c) {
+            const int token = token_of(c), valid = end_token - token;
+            if (!kSummary) load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid);
+            load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.k[c % 2], k + token * qk_stride + head * kHeadDim, qk_stride, valid);
+            if (!transition) load_tile<kSliceV, kThreads, kHasIncompleteTile>(smem.v, v + token * v_stride + head_v * kHeadDim + value0, v_stride, valid);
+            load_tile<kChunk, kThreads, false>(smem.tbeta, tbeta + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kChunk * kChunk,
+                                               kChunk, kChunk);
+            kgen::cp_async_commit();
+        };
+        auto wait_chunk = [&](int c) {
+            if (is_full(c)) {
+                kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadK0 + c % 2]), (c / 2) % 2);
+                if (!kSummary) kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadQ]), c % 2);
+                if (!transition) kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadV]), c % 2);
+                kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadTbeta]), c % 2);
+            } else {
+                kgen::cp_async_wait<0>();
+            }
+        };
+        auto load_gates = [&](int c, float (&gate)[2]) {
+            const int token = token_of(c);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int i = 2 * lane + e;
+                gate[e] = !kHasIncompleteTile || token + i < end_token ? g[static_cast<long long>(token + i) * heads_v + head_v] : 0.f;
+            }
+        };
+        float gate_next[2];
+        if (chunks > 0) {  // an empty sequence's segment only passes its start state on
+            if (is_full(0)) {
+                load_full(kLoadK0, 0);
+                if (!kSummary) load_full(kLoadQ, 0);
+                if (!transition) load_full(kLoadV, 0);
+                load_full(kLoadTbeta, 0);
+            } else {
+                load_incomplete(0);
+            }
+            load_gates(0, gate_next);
+        }
+
+        // S^T's accumulators: value rows 16 warp + lane / 4 (+ 8), key columns 8 n + 2 (lane % 4) (+ 1).
+        const int row = 16 * warp + lane / 4, fragment_column = 2 * (lane % 4);
+        float s[kKeyTiles][4];
+        {
+            const float* start = nullptr;  // [K, V] as the layout stores it; none: zero
+            bool key_major = kKeyMajor;
+            if (!kSummary) {
+                if (segment[kStartSlot] >= 0) {
+                    start = start_states + (static_cast<long long>(segment[kStartSlot]) * heads_v + head_v) * kHeadDim * kHeadDim;
+                    key_major = true;  // the chain writes [K, V]
+                } else if (initial_state != nullptr) {
+                    start = initial_state + (static_cast<long long>(sequence) * heads_v + head_v) * kHeadDim * kHeadDim;
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int column = row + (e / 2) * 8, key = 8 * n + fragment_column + e % 2;
+                    if (kSummary) {
+                        s[n][e] = transition && key == column0 + column ? 1.f : 0.f;
+                    } else {
+                        const int value = value0 + column;
+                        s[n][e] = start == nullptr ? 0.f
+                                  : start[key_major ? static_cast<long long>(key) * kHeadDim + value
+                                                    : static_cast<long long>(value) * kHeadDim + key];
+                    }
+                }
+            }
+            store_accumulators<kHeadDim, T, kKeyTiles, kSliceV>(smem.state, s, 16 * warp, lane);
+        }
+        const unsigned state_tile = kgen::smem_addr(smem.state), w_vn_tile = kgen::smem_addr(smem.w_vn);
+        const unsigned q_tile = kgen::smem_addr(smem.q), vn_decayed_tile = kgen::smem_addr(smem.vn_decayed);
+
+        for (int c = 0; c < chunks; ++c) {
+            const bool next_full = c + 1 < chunks && is_full(c + 1);
+            const int token = first_token + c * kChunk, valid = end_token - token;
+            const float gate[2] = {gate_next[0], gate_next[1]};
+            wait_chunk(c);
+            // S^T's copy (and cp.async tiles) are read by wgmma; the other K buffer is rewritten by TMA.
+            kgen::fence_proxy_async_shared();
+            __syncthreads();  // this chunk's tiles and S^T are in; the other K buffer's last readers are done
+            if (next_full) load_full(Load(kLoadK0 + (c + 1) % 2), c + 1);
+            if (c + 1 < chunks) load_gates(c + 1, gate_next);
+            // In-kernel l2norm: rows of q and k scale the products instead of being rounded normalised.
+            float q_scale[2] = {1.f, 1.f}, k_scale[2] = {1.f, 1.f};
+            if (use_qk_l2norm) {
+                if (!kSummary) inverse_row_norms<kHeadDim>(smem.q, smem.q_scale);
+                inverse_row_norms<kHeadDim>(smem.k[c % 2], smem.k_scale);
+                __syncthreads();
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    q_scale[half] = smem.q_scale[row + 8 * half], k_scale[half] = smem.k_scale[row + 8 * half];
+                }
+            }
+            const float2 gamma = gate_cumsum(gate[0], gate[1], lane);
+            const float gamma_last = __shfl_sync(0xffffffffu, gamma.y, 31);
+            const float gamma_row[2] = {gamma_of(gamma, row), gamma_of(gamma, row + 8)};
+            const float decay_row[2] = {__expf(gamma_row[0]), __expf(gamma_row[1])};
+            const unsigned k_tile = kgen::smem_addr(smem.k[c % 2]);
+
+            // P = Q K^T, K S and Q S in one batch.
+            float p[kChunk / 8][4], ks[kValueTiles][4], qs[kValueTiles][4];
+            kgen::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                if (!kSummary) kgen::wgmma_ss<kChunk, 0>(p, k_major<kChunk>(q_tile, kk), k_major<kChunk>(k_tile, kk), kk > 0);
+                kgen::wgmma_ss<kSliceV, 0>(ks, k_major<kChunk>(k_tile, kk), k_major<kSliceV>(state_tile, kk), kk > 0);
+                if (!kSummary) kgen::wgmma_ss<kSliceV, 0>(qs, k_major<kChunk>(q_tile, kk), k_major<kSliceV>(state_tile, kk), kk > 0);
+            }
+            kgen::wgmma_commit();
+            kgen::wgmma_wait<0>();
+            kgen::fence_operands(ks);
+            if (!kSummary) {
+                kgen::fence_operands(p), kgen::fence_operands(qs);
+                if (next_full) load_full(kLoadQ, c + 1);  // Q is read by these products only
+            }
+
+            // W = V - diag(e^Gamma) K S into shared memory.
+#pragma unroll
+            for (int n = 0; n < kValueTiles; ++n) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int r = row + 8 * half, column = 8 * n + fragment_column;
+                    const float decay = decay_row[half] * k_scale[half];
+                    float w0 = -decay * ks[n][2 * half], w1 = -decay * ks[n][2 * half + 1];
+                    if (!transition) {
+                        const unsigned pair = *reinterpret_cast<const unsigned*>(smem.v + swizzled<kSliceV>(r, column));
+                        T value[2];
+                        memcpy(value, &pair, sizeof(value));
+                        w0 += kgen::to_f32<T>(value[0]), w1 += kgen::to_f32<T>(value[1]);
+                    }
+                    *reinterpret_cast<unsigned*>(smem.w_vn + swizzled<kSliceV>(r, column)) = kgen::pack2<T>(w0, w1);
+                }
+            }
+            // P * LowerIncl * e^{Gamma_i - Gamma_j} as 16-bit A fragments, and O's first term diag(e^Gamma) Q S.
+            unsigned p_frag[kChunk / 16][4];
+            if (!kSummary) {
+#pragma unroll
+                for (int n = 0; n < kChunk / 8; ++n) {
+                    // Gamma of columns 8 n + fragment_column (+ 1): lane 4 n + lane % 4 holds that pair.
+                    const float gamma_column[2] = {__shfl_sync(0xffffffffu, gamma.x, 4 * n + lane % 4),
+                                                   __shfl_sync(0xffffffffu, gamma.y, 4 * n + lane % 4)};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = row + (e / 2) * 8, j = 8 * n + fragment_column + e % 2;
+                        const float norms = use_qk_l2norm ? q_scale[e / 2] * smem.k_scale[j] : 1.f;
+                        p[n][e] = j <= i ? norms * p[n][e] * __expf(gamma_row[e / 2] - gamma_column[e % 2]) : 0.f;
+                    }
+                }
+                kgen::gdn::accumulators_as_a<T, kChunk / 8>(p_frag, p);
+#pragma unroll
+                for (int n = 0; n < kValueTiles; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) qs[n][e] *= decay_row[e / 2] * q_scale[e / 2];
+                }
+            }
+            kgen::fence_proxy_async_shared();
+            __syncthreads();  // W is whole; V is no longer read
+            if (next_full && !transition) load_full(kLoadV, c + 1);
+
+            // Vn = Tbeta W.
+            float vn[kValueTiles][4];
+            kgen::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kChunk / 16; ++kk) {
+                kgen::wgmma_ss<kSliceV, 1>(vn, k_major<kChunk>(kgen::smem_addr(smem.tbeta), kk), mn_major(w_vn_tile, kk), kk > 0);
+            }
+            kgen::wgmma_commit();
+            kgen::wgmma_wait<0>();
+            kgen::fence_operands(vn);
+            if (next_full) load_full(kLoadTbeta, c + 1);
+            // W's tile is free once every warp is past the wait above (the wgmma is the warpgroup's).
+            if (!kSummary) store_accumulators<kSliceV, T>(smem.w_vn, vn, 16 * warp, lane);
+#pragma unroll
+            for (int n = 0; n < kValueTiles; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) vn[n][e] *= __expf(gamma_last - gamma_row[e / 2]) * k_scale[e / 2];
+            }
+            store_accumulators<kSliceV, T>(smem.vn_decayed, vn, 16 * warp, lane);
+            const float decay_last = __expf(gamma_last);
+#pragma unroll
+            for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[n][e] *= decay_last;
+            }
+            kgen::fence_proxy_async_shared();
+            __syncthreads();  // Vn and its decayed copy are whole
+
+            // O += P Vn;  S^T = e^{Gamma_last} S^T + (diag(e^{Gamma_last - Gamma} / |k|) Vn)^T K. P's
+            // fragments are made before the batch: a register written between wgmmas serialises them.
+            if (!kSummary) kgen::fence_operands(p_frag);
+            kgen::wgmma_fence();
+            if (!kSummary) {
+#pragma unroll
+                for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kSliceV, 1>(qs, p_frag[kk], mn_major(w_vn_tile, kk), true);
+            }
+#pragma unroll
+            for (int kk = 0; kk < kChunk / 16; ++kk) {
+                kgen::wgmma_ss<kHeadDim, 1, 1>(s, mn_major(vn_decayed_tile, kk), mn_major(k_tile, kk), true);
+            }
+            kgen::wgmma_commit();
+            kgen::wgmma_wait<0>();
+            kgen::fence_operands(s);
+            if (!kSummary) {
+                kgen::fence_operands(qs);
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int r = row + 8 * half;
+                    if (kHasIncompleteTile && r >= valid) continue;
+                    T* const o = out + (static_cast<long long>(token + r) * heads_v + head_v) * kHeadDim + value0 + fragment_column;
+#pragma unroll
+                    for (int n = 0; n < kValueTiles; ++n) {
+                        *reinterpret_cast<unsigned*>(o + 8 * n) =
+                            kgen::pack2<T>(scale * qs[n][2 * half], scale * qs[n][2 * half + 1]);
+                    }
+                }
+            }
+            store_accumulators<kHeadDim, T, kKeyTiles, kSliceV>(smem.state, s, 16 * warp, lane);
+            // An incomplete next chunk loads now that this one reads no tile any more.
+            if (c + 1 < chunks && !next_full) load_incomplete(c + 1);
+        }
+
+        // The segment's end state: its summary columns, or the sequence's final state.
+        float* dest = nullptr;
+        long long key_stride = 0, value_stride = 1;
+        if (kSummary) {
+            dest = summary + (static_cast<long long>(segment[kSummarySlot]) * heads_v + head_v) * kHeadDim * 2 * kHeadDim + column0;
+            key_stride = 2 * kHeadDim;
+        } else if (segment[kWritesFinal] && final_state != nullptr) {
+            dest = final_state + (static_cast<long long>(sequence) * heads_v + head_v) * kHeadDim * kHeadDim + state_at<kKeyMajor, kHeadDim>(0, value0);
+            key_stride = kKeyMajor ? kHeadDim : 1, value_stride = kKeyMajor ? 1 : kHeadDim;
+        }
+        if (dest == nullptr) return;
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int column = row + (e / 2) * 8, key = 8 * n + fragment_column + e % 2;
+                dest[key * key_stride + column * value_stride] = s[n][e];
+            }
+        }
+    }
+};
+
+}  // namespace gdn
+}  // namespace kgen
