@@ -110,3 +110,31 @@ def test_bad_input_is_refused_with_the_argument_named():
         gated_delta_rule_step(q, q, v, g, beta, state, state_indices=torch.zeros(3, dtype=torch.int32, device="cuda"))
     with pytest.raises(RuntimeError, match="no backward"):
         gated_delta_rule_step(q.requires_grad_(), q, v, g, beta, state)
+
+
+@pytest.mark.parametrize("bad", [8, 1000, -2, -(2**31)])
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+def test_a_state_index_outside_the_pool_gives_nan_to_its_sequence_alone(bad, layout):
+    # Once an illegal memory access (or a write into another tensor): now that sequence's o is NaN, the pool is
+    # untouched, and every other sequence's o and state are bitwise those of a batch without it.
+    gen = torch.Generator(device="cuda").manual_seed(bad & 0xFFFF)
+    batch, pool, heads, heads_v, head_dim = 4, 8, 2, 4, head_dims()[0]
+    q, k = (torch.randn(batch, heads, head_dim, generator=gen, device="cuda").bfloat16() for _ in range(2))
+    v = torch.randn(batch, heads_v, head_dim, generator=gen, device="cuda").bfloat16()
+    g = -torch.rand(batch, heads_v, generator=gen, device="cuda")
+    beta = torch.rand(batch, heads_v, generator=gen, device="cuda")
+    states = torch.randn(pool, heads_v, head_dim, head_dim, generator=gen, device="cuda")
+    guard = torch.randn(pool, heads_v, head_dim, head_dim, generator=gen, device="cuda")  # the next allocation
+    guard_before = guard.clone()
+    slots = torch.tensor([3, bad, 5, -1], dtype=torch.int32, device="cuda")
+    good = torch.tensor([3, 7, 5, -1], dtype=torch.int32, device="cuda")  # row 7 stands in for the bad one
+    expected_states = states.clone()
+    expected = gated_delta_rule_step(q, k, v, g, beta, expected_states, state_indices=good, state_layout=layout)
+    expected_states[7] = states[7]  # the bad sequence's row is not written in the run under test
+    out = torch.full((batch, heads_v, head_dim), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gated_delta_rule_step(q, k, v, g, beta, states, state_indices=slots, state_layout=layout, out=out)
+    torch.cuda.synchronize()
+    assert out[1].isnan().all(), "the sequence with a row outside the pool must get NaN"
+    for b in (0, 2, 3):
+        assert torch.equal(out[b], expected[b]), b
+    assert torch.equal(states, expected_states) and torch.equal(guard, guard_before)

@@ -83,6 +83,7 @@ def _compiled_in_parallel(swept):
         return list(pool.map(outcome, swept))
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("family_name", ["attention_prefill", "merge_attention_states", "gated_delta_rule_step"])
 def test_every_admitted_value_compiles_into_a_tested_variant_or_fails_with_its_axis(family_name):
     builtin = registry.current().family(family_name)

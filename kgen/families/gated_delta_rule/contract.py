@@ -10,8 +10,8 @@ from kgen.dtypes import ELEMENT_TYPES
 
 _GDN_STEP_PARAMETERS = parameters(
     "const T* q, const T* k, const T* v, const float* g, const void* beta, long long beta_is_fp32, float* state, "
-    "const int* state_indices, T* out, long long num_heads, long long num_heads_v, float scale, "
-    "long long use_qk_l2norm")
+    "const int* state_indices, long long num_slots, T* out, long long num_heads, long long num_heads_v, "
+    "float scale, long long use_qk_l2norm")
 
 
 def _gated_delta_rule_step(params: Mapping[str, Any]) -> LaunchContract:

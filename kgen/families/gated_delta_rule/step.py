@@ -53,9 +53,10 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         g: fp32 ``[B, HV]``, natural-log gates (<= 0). beta: ``[B, HV]``, fp32 or q's dtype.
         state: fp32 pool ``[P, HV, K, V]`` (``"kv"``) or ``[P, HV, V, K]`` (``"vk"``), contiguous.
         state_indices: int32 ``[B]``: the pool row of each sequence, -1 for a padded slot, whose
-            state is never touched and whose o is 0. Values are not checked on the device (that
-            would synchronise): each must be -1 or a row of the pool, and no row may appear twice
-            (two sequences would update one state at once). Without it, sequence b uses row b.
+            state is never touched and whose o is 0. The host does not read them (that would
+            synchronise); the kernel treats a value outside [-1, P) as an error of that sequence
+            alone: the pool is untouched and its o is NaN. No row may appear twice (two sequences
+            would update one state at once: undefined). Without it, sequence b uses row b.
         scale: default K^-1/2. use_qk_l2norm_in_kernel: normalise q and k over K first (eps 1e-6).
         out: optional preallocated o (contiguous ``[B, HV, V]`` in q's dtype).
     """
@@ -106,7 +107,8 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     kernel, slice_v = _step_kernel(device.index, head_dim, q.dtype, state_layout)
     kernel((head_dim // slice_v, heads_v, batch), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(),
            beta=beta.data_ptr(), beta_is_fp32=int(beta.dtype is torch.float32), state=state.data_ptr(),
-           state_indices=0 if state_indices is None else state_indices.data_ptr(), out=out.data_ptr(),
+           state_indices=0 if state_indices is None else state_indices.data_ptr(), num_slots=state.shape[0],
+           out=out.data_ptr(),
            num_heads=heads, num_heads_v=heads_v, scale=np.float32(scale), use_qk_l2norm=int(use_qk_l2norm_in_kernel))
     return out
 
