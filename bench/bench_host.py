@@ -137,20 +137,25 @@ class Candidate:
 class RecordedLaunch:
     launcher: Any  # kgen.launch.KernelLauncher
     grid: int | tuple
-    args: tuple
+    named: dict  # the arguments by name, as the op passed them
+
+    @property
+    def args(self) -> tuple:
+        return tuple(self.named.values())
 
 
 def record_launch(op_call: Callable[[], Any]) -> RecordedLaunch:
-    """The one ``KernelLauncher`` call that ``op_call`` makes (launcher, grid, arguments), without launching."""
+    """The one ``KernelLauncher`` launch that ``op_call`` makes (launcher, grid, arguments), without launching.
+    Every call goes through ``KernelLauncher.launch`` (``__call__`` forwards its keywords to it)."""
     from kgen.launch import KernelLauncher
 
     seen: list[RecordedLaunch] = []
-    real_call = KernelLauncher.__call__
-    KernelLauncher.__call__ = lambda self, grid, *args: seen.append(RecordedLaunch(self, grid, args))
+    real_launch = KernelLauncher.launch
+    KernelLauncher.launch = lambda self, grid, args: seen.append(RecordedLaunch(self, grid, dict(args)))
     try:
         op_call()
     finally:
-        KernelLauncher.__call__ = real_call
+        KernelLauncher.launch = real_launch
     if len(seen) != 1:
         raise RuntimeError(f"expected the op to make one KernelLauncher call, saw {len(seen)}")
     return seen[0]
@@ -194,11 +199,11 @@ def launch_candidates(op: str, recorded: RecordedLaunch) -> list[Candidate]:
     from cuda.core import LaunchConfig, launch
     from kgen.launch import KernelLauncher, current_stream
 
-    launcher, grid, args = recorded.launcher, recorded.grid, recorded.args
+    launcher, grid, args, named = recorded.launcher, recorded.grid, recorded.args, recorded.named
     stream = current_stream(launcher.device_index)
     config = LaunchConfig(grid=grid, block=launcher.threads, shmem_size=launcher.dynamic_smem)
     found = [
-        Candidate(op, REPLAY, functools.partial(KernelLauncher.__call__, launcher, grid, *args),
+        Candidate(op, REPLAY, functools.partial(KernelLauncher.launch, launcher, grid, named),
                   same_gpu_work_as=OP_OUT),
         Candidate(op, "cuda.core.launch (stream, config prebuilt)",
                   functools.partial(launch, stream, config, launcher.kernel, *args), same_gpu_work_as=OP_OUT),
