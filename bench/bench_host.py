@@ -137,25 +137,25 @@ class Candidate:
 class RecordedLaunch:
     launcher: Any  # kgen.launch.KernelLauncher
     grid: int | tuple
-    named: dict  # the arguments by name, as the op passed them
+    args: tuple  # in the contract's order
 
     @property
-    def args(self) -> tuple:
-        return tuple(self.named.values())
+    def named(self) -> dict:
+        return {p.name: value for p, value in zip(self.launcher.parameters, self.args)}
 
 
 def record_launch(op_call: Callable[[], Any]) -> RecordedLaunch:
     """The one ``KernelLauncher`` launch that ``op_call`` makes (launcher, grid, arguments), without launching.
-    Every call goes through ``KernelLauncher.launch`` (``__call__`` forwards its keywords to it)."""
+    Every launch by name reaches ``KernelLauncher._launch_values`` with the values in the contract's order."""
     from kgen.launch import KernelLauncher
 
     seen: list[RecordedLaunch] = []
-    real_launch = KernelLauncher.launch
-    KernelLauncher.launch = lambda self, grid, args: seen.append(RecordedLaunch(self, grid, dict(args)))
+    real_launch = KernelLauncher._launch_values
+    KernelLauncher._launch_values = lambda self, grid, values: seen.append(RecordedLaunch(self, grid, values))
     try:
         op_call()
     finally:
-        KernelLauncher.launch = real_launch
+        KernelLauncher._launch_values = real_launch
     if len(seen) != 1:
         raise RuntimeError(f"expected the op to make one KernelLauncher call, saw {len(seen)}")
     return seen[0]
@@ -197,13 +197,13 @@ def launch_candidates(op: str, recorded: RecordedLaunch) -> list[Candidate]:
     """The op's launch replayed through kgen's launcher, through cuda.core.launch, and through cuLaunchKernel."""
     from cuda.bindings import driver
     from cuda.core import LaunchConfig, launch
-    from kgen.launch import KernelLauncher, current_stream
+    from kgen.launch import current_stream
 
     launcher, grid, args, named = recorded.launcher, recorded.grid, recorded.args, recorded.named
     stream = current_stream(launcher.device_index)
     config = LaunchConfig(grid=grid, block=launcher.threads, shmem_size=launcher.dynamic_smem)
     found = [
-        Candidate(op, REPLAY, functools.partial(KernelLauncher.launch, launcher, grid, named),
+        Candidate(op, REPLAY, functools.partial(launcher.launch, grid, **named),
                   same_gpu_work_as=OP_OUT),
         Candidate(op, "cuda.core.launch (stream, config prebuilt)",
                   functools.partial(launch, stream, config, launcher.kernel, *args), same_gpu_work_as=OP_OUT),

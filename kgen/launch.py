@@ -9,6 +9,7 @@ torch and cuda.core names; each is named once below, with why.
 
 from __future__ import annotations
 
+import keyword
 from collections import OrderedDict
 from typing import Sequence
 
@@ -68,6 +69,25 @@ class LaunchArgumentError(TypeError):
     """A launch's arguments do not match the kernel entry's declared parameters."""
 
 
+def _by_name(entry: str, names: tuple[str, ...], launcher: KernelLauncher):
+    """A function ``entry(grid, /, *, <each parameter by name>)`` that passes the values, in the contract's
+    order, to ``launcher._launch_values(grid, values)``.
+
+    Generated from the contract (as dataclasses and namedtuple make their methods), so that Python binds
+    the arguments: a missing or unknown name is a TypeError naming the entry and the argument, the order of
+    the caller's keywords does not matter, and no dict is built per call: a launch by name costs what a
+    positional one does.
+    """
+    for name in names:
+        if not name.isidentifier() or keyword.iskeyword(name):
+            raise LaunchArgumentError(f"{entry}: parameter {name!r} cannot be passed by name from Python")
+    listed = ", ".join(names)
+    source = f"def {entry}(grid, /, *, {listed}):\n    return launcher._launch_values(grid, ({listed},))\n"
+    namespace = {"launcher": launcher}
+    exec(source, namespace)  # noqa: S102 - the names are checked identifiers from the contract
+    return namespace[entry]
+
+
 class KernelLauncher:
     """One kernel entry on one device, with the block size, dynamic shared memory and parameters its contract gives."""
 
@@ -78,8 +98,9 @@ class KernelLauncher:
         self.threads = threads
         self.dynamic_smem = dynamic_smem
         self.parameters = tuple(parameters)
-        self._names = tuple(p.name for p in self.parameters)
         self.name = name
+        #: ``launch(grid, *, <each parameter by name>)``: the launch (see :func:`_by_name`).
+        self.launch = _by_name(name.rpartition(".")[2], tuple(p.name for p in self.parameters), self)
         self._configs: dict[int | tuple, LaunchConfig] = {}
         self._checked_call = False
         self._check_signature()
@@ -96,17 +117,9 @@ class KernelLauncher:
             raise LaunchArgumentError(f"{self.name}: the cubin's parameters are {len(actual)} of sizes {actual}; "
                                       f"its contract declares {len(declared)} of sizes {declared}")
 
-    def _check_arguments(self, args: dict) -> None:
-        names = tuple(p.name for p in self.parameters)
-        if tuple(args) != names:
-            missing = [n for n in names if n not in args]
-            unknown = [n for n in args if n not in names]
-            problem = (f"missing {missing}" if missing else "") + ("; " if missing and unknown else "") + \
-                (f"unknown {unknown}" if unknown else "")
-            raise LaunchArgumentError(f"{self.name}: takes ({', '.join(names)}) by name, in that order; "
-                                      f"{problem or 'got them in another order'}")
-        for parameter in self.parameters:
-            value, allowed = args[parameter.name], _PARAMETER_TYPES[parameter.kind]
+    def _check_types(self, values: tuple) -> None:
+        for parameter, value in zip(self.parameters, values):
+            allowed = _PARAMETER_TYPES[parameter.kind]
             if isinstance(value, bool) or not isinstance(value, allowed):
                 raise LaunchArgumentError(f"{self.name}: parameter {parameter.name} ({parameter.ctype}) takes "
                                           f"{' or '.join(t.__name__ for t in allowed)}, got {type(value).__name__}")
@@ -118,25 +131,20 @@ class KernelLauncher:
         return config
 
     def __call__(self, grid: int | tuple, /, **args) -> None:
-        """Launch on ``grid`` with the entry's parameters by name (see :meth:`launch`)."""
-        self.launch(grid, args)
+        """``launch(grid, **args)``, for callers that hold no reference to the launch function."""
+        self.launch(grid, **args)
 
-    def launch(self, grid: int | tuple, args: dict) -> None:
-        """Launch on ``grid`` on torch's current stream of this launcher's device.
-
-        ``args`` maps each of the entry's parameters by name, in the contract's order (the order
-        is what the kernel receives, so it is checked rather than sorted: one tuple comparison per
-        call), to a Python int for pointers and 64-bit integers, an ``np.float32`` for floats, or a
-        tensor-map descriptor. Names and order are checked on every call, types on the first. A
-        caller holding its arguments in a dict passes it as is: ``**`` would copy it twice.
-        """
-        if tuple(args) != self._names or not self._checked_call:
-            self._check_arguments(args)
+    def _launch_values(self, grid: int | tuple, values: tuple) -> None:
+        """Launch on ``grid`` on torch's current stream of this launcher's device, with ``values`` in the
+        contract's order: Python ints for pointers and 64-bit integers, ``np.float32`` for floats, tensor-map
+        descriptors (their types are checked on the first launch)."""
+        if not self._checked_call:
+            self._check_types(values)
             self._checked_call = True
         config = self._configs.get(grid) or self._new_config(grid)
         device_index = self.device_index
         if _current_device() == device_index:
-            launch(current_stream(device_index), config, self.kernel, *args.values())
+            launch(current_stream(device_index), config, self.kernel, *values)
         else:
             with torch.cuda.device(device_index):
-                launch(current_stream(device_index), config, self.kernel, *args.values())
+                launch(current_stream(device_index), config, self.kernel, *values)

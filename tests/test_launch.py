@@ -1,5 +1,5 @@
-"""The launcher's argument checks, on the CPU: arguments go by name, in the contract's order, with the
-declared kinds; the compiled entry's parameter sizes must be the contract's."""
+"""The launcher's argument checks, on the CPU: arguments go by name (Python binds them to a function generated
+from the contract), with the declared kinds; the compiled entry's parameter sizes must be the contract's."""
 
 from __future__ import annotations
 
@@ -8,32 +8,42 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kgen.contract import parameters
+from kgen.contract import LaunchContract, parameters
 from kgen.launch import KernelLauncher, LaunchArgumentError
 
 PARAMETERS = parameters("const T* x, T* out, long long n, float scale")
 
 
-def _launcher(sizes=(8, 8, 8, 4)) -> KernelLauncher:
+def _launcher(sizes=(8, 8, 8, 4), declared=PARAMETERS) -> KernelLauncher:
     kernel = SimpleNamespace(arguments_info=[SimpleNamespace(size=s) for s in sizes], handle=None)
-    return KernelLauncher(kernel, 0, 128, 0, PARAMETERS, "toy.entry")
+    return KernelLauncher(kernel, 0, 128, 0, declared, "toy[dtype=fp32].toy_scale")
 
 
-def test_arguments_by_name_in_order_pass_the_checks():
-    _launcher()._check_arguments(dict(x=1, out=2, n=3, scale=np.float32(0.5)))
+def test_arguments_are_bound_by_name_in_any_order_and_reach_the_kernel_in_the_contract_s():
+    launcher, seen = _launcher(), []
+    launcher._launch_values = lambda grid, values: seen.append((grid, values))  # no GPU: record instead
+    launcher.launch(3, scale=np.float32(0.5), n=7, out=2, x=1)
+    launcher(4, x=1, out=2, n=7, scale=np.float32(0.5))
+    assert seen == [(3, (1, 2, 7, np.float32(0.5))), (4, (1, 2, 7, np.float32(0.5)))]
 
 
 @pytest.mark.parametrize("args, message", [
-    (dict(x=1, out=2, n=3), r"missing \['scale'\]"),
-    (dict(x=1, out=2, n=3, scale=np.float32(1), extra=0), r"unknown \['extra'\]"),
-    (dict(out=2, x=1, n=3, scale=np.float32(1)), "in another order"),
+    (dict(x=1, out=2, n=3), r"toy_scale\(\) missing 1 required keyword-only argument: 'scale'"),
+    (dict(x=1, out=2, n=3, scale=np.float32(1), extra=0), r"toy_scale\(\) got an unexpected keyword argument 'extra'"),
+])
+def test_a_missing_or_unknown_name_is_refused_naming_the_entry_and_the_argument(args, message):
+    with pytest.raises(TypeError, match=message):
+        _launcher().launch(1, **args)
+
+
+@pytest.mark.parametrize("args, message", [
     (dict(x=1, out=2, n=3.0, scale=np.float32(1)), r"parameter n \(long long\) takes int, got float"),
     (dict(x=1, out=2, n=True, scale=np.float32(1)), r"parameter n \(long long\) takes int, got bool"),
     (dict(x=1, out=2, n=3, scale=0.5), r"parameter scale \(float\) takes float32, got float"),
 ])
-def test_wrong_arguments_are_refused_by_name(args, message):
+def test_a_wrong_kind_is_refused_on_the_first_launch_before_anything_runs(args, message):
     with pytest.raises(LaunchArgumentError, match=message):
-        _launcher()._check_arguments(args)
+        _launcher().launch(1, **args)
 
 
 def test_a_cubin_whose_parameters_differ_from_the_contract_is_refused():
@@ -41,9 +51,12 @@ def test_a_cubin_whose_parameters_differ_from_the_contract_is_refused():
         _launcher(sizes=(8, 8, 8))
 
 
-def test_the_signature_is_rendered_from_the_declaration():
-    from kgen.contract import LaunchContract
+def test_a_parameter_python_cannot_name_is_refused():
+    with pytest.raises(LaunchArgumentError, match="parameter 'lambda' cannot be passed by name"):
+        _launcher(sizes=(8,), declared=parameters("const T* lambda"))
 
+
+def test_the_signature_is_rendered_from_the_declaration():
     contract = LaunchContract(threads=128, dynamic_smem_bytes=0, sizes={}, parameters={
         "e": parameters("kgen::TmaDescriptor map_x, const T* x, long long n, float scale")})
     assert contract.signature("e") == ("const __grid_constant__ kgen::TmaDescriptor map_x, const T* __restrict__ x, "

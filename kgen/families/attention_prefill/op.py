@@ -112,7 +112,7 @@ class _PreparedCall:
                 q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
             args["cu_seqlens_q"], args["cu_seqlens_k"] = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
             args["sink"] = 0 if sink is None else sink.data_ptr()
-            self.launcher.launch(self.grid, args)
+            self.launcher.launch(self.grid, **args)
         return (out, lse) if return_lse else out
 
 

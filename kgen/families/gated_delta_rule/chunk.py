@@ -181,7 +181,7 @@ def _launch(plan, q, k, v, g, beta, initial_state, out, final, scale, state_layo
     tbeta = torch.empty((max(num_chunks, 1), heads_v, chunk, chunk), device=device, dtype=q.dtype)
     l2norm = int(use_qk_l2norm_in_kernel)
     if num_chunks:
-        kernels.kkt((num_chunks, heads), k=k.data_ptr(), g=g.data_ptr(), beta=beta.data_ptr(),
+        kernels.kkt.launch((num_chunks, heads), k=k.data_ptr(), g=g.data_ptr(), beta=beta.data_ptr(),
                     beta_is_fp32=int(beta.dtype is torch.float32), chunks=chunks.data_ptr(), tbeta=tbeta.data_ptr(),
                     num_heads=heads, num_heads_v=heads_v, use_qk_l2norm=l2norm)
     initial = 0 if initial_state is None else initial_state.data_ptr()
@@ -206,10 +206,10 @@ def _launch(plan, q, k, v, g, beta, initial_state, out, final, scale, state_layo
     if summaries is not None:
         # The summary takes the forward's parameters, with its own segments and its summaries as the only output.
         kernels.summary.launch((2 * head_dim // slice_v, heads_v, len(plan.summary_segments)),
-                               {**forward, "segments": summary_segments.data_ptr(), "initial_state": 0,
-                                "start_states": 0, "summary": summaries.data_ptr(), "out": 0, "final_state": 0})
-        kernels.chain((head_dim // kernels.chain_columns, heads_v, len(plan.chains)), summary=summaries.data_ptr(),
+                               **{**forward, "segments": summary_segments.data_ptr(), "initial_state": 0,
+                                  "start_states": 0, "summary": summaries.data_ptr(), "out": 0, "final_state": 0})
+        kernels.chain.launch((head_dim // kernels.chain_columns, heads_v, len(plan.chains)), summary=summaries.data_ptr(),
                       initial_state=initial, start_states=starts.data_ptr(), chains=chains.data_ptr(),
                       num_heads_v=heads_v)
-    kernels.recurrence.launch((head_dim // slice_v, heads_v, len(plan.segments)), forward)
+    kernels.recurrence.launch((head_dim // slice_v, heads_v, len(plan.segments)), **forward)
     return out, final

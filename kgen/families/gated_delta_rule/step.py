@@ -105,7 +105,7 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     if not batch:
         return out
     kernel, slice_v = _step_kernel(device.index, head_dim, q.dtype, state_layout)
-    kernel((head_dim // slice_v, heads_v, batch), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(),
+    kernel.launch((head_dim // slice_v, heads_v, batch), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(),
            beta=beta.data_ptr(), beta_is_fp32=int(beta.dtype is torch.float32), state=state.data_ptr(),
            state_indices=0 if state_indices is None else state_indices.data_ptr(), num_slots=state.shape[0],
            out=out.data_ptr(),

@@ -34,5 +34,5 @@ def toy_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
         return out
     tile, (incomplete, full) = _launchers(x.get_device(), x.dtype)
     kernel = incomplete if n % tile else full
-    kernel(-(-n // tile), x=x.data_ptr(), out=out.data_ptr(), n=n, scale=np.float32(scale))
+    kernel.launch(-(-n // tile), x=x.data_ptr(), out=out.data_ptr(), n=n, scale=np.float32(scale))
     return out
