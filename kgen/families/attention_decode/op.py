@@ -153,24 +153,26 @@ def _launch(plan: DecodePlan, q, k_cache, v_cache, seqlens_k, block_table, sink,
         maps = _descriptors.get((device.index, variant.params, tuple(k_cache.shape), k_strides, v_strides),
                                 _tensor_maps, variant)
         map_k, map_v = maps.get("k", _flat_rows("k_cache", k_cache)), maps.get("v", _flat_rows("v_cache", v_cache))
-        # Two calls spelled out, one with the descriptors, so that each builds its argument dict once: merging
-        # the descriptors in (**maps) costs more per call (bench/NOTES.md, decode host cost).
+        # Two calls spelled out, one with the descriptors: merging them in with ** would build a keyword dict
+        # per call, which a spelled-out call does not (bench/NOTES.md, decode host cost).
         kernel.launch(plan.grid, map_k=map_k, map_v=map_v, q=q_ptr, k=k_ptr, v=v_ptr, out=out_ptr, lse=lse_ptr,
-               seqlens_k=seqlens_ptr, block_table=table_ptr, sink=sink_ptr, partial_o=partial_o,
-               partial_lse=partial_lse, counters=counters, q_len=q_len, heads_per_kv=heads_per_kv,
-               num_heads_q=num_heads_q, q_stride_b=q_stride_b, q_stride_t=q_stride_t, q_stride_h=q_stride_h,
-               k_stride_page=k_stride_page, k_stride_t=k_stride_t, k_stride_h=k_stride_h, v_stride_page=v_stride_page,
-               v_stride_t=v_stride_t, v_stride_h=v_stride_h, page_size=page_size, num_pages=num_pages,
-               block_table_stride=table_stride, kv_capacity=capacity, max_splits=splits.max_splits,
-               tiles_per_split=splits.tiles_per_split, row_groups=plan.row_groups, scale_log2=scale_log2,
-               window_left=plan.window_left)
+                      seqlens_k=seqlens_ptr, block_table=table_ptr, sink=sink_ptr, partial_o=partial_o,
+                      partial_lse=partial_lse, counters=counters, q_len=q_len, heads_per_kv=heads_per_kv,
+                      num_heads_q=num_heads_q, q_stride_b=q_stride_b, q_stride_t=q_stride_t, q_stride_h=q_stride_h,
+                      k_stride_page=k_stride_page, k_stride_t=k_stride_t, k_stride_h=k_stride_h,
+                      v_stride_page=v_stride_page, v_stride_t=v_stride_t, v_stride_h=v_stride_h, page_size=page_size,
+                      num_pages=num_pages,
+                      block_table_stride=table_stride, kv_capacity=capacity, max_splits=splits.max_splits,
+                      tiles_per_split=splits.tiles_per_split, row_groups=plan.row_groups, scale_log2=scale_log2,
+                      window_left=plan.window_left)
     else:
         kernel.launch(plan.grid, q=q_ptr, k=k_ptr, v=v_ptr, out=out_ptr, lse=lse_ptr,
-               seqlens_k=seqlens_ptr, block_table=table_ptr, sink=sink_ptr, partial_o=partial_o,
-               partial_lse=partial_lse, counters=counters, q_len=q_len, heads_per_kv=heads_per_kv,
-               num_heads_q=num_heads_q, q_stride_b=q_stride_b, q_stride_t=q_stride_t, q_stride_h=q_stride_h,
-               k_stride_page=k_stride_page, k_stride_t=k_stride_t, k_stride_h=k_stride_h, v_stride_page=v_stride_page,
-               v_stride_t=v_stride_t, v_stride_h=v_stride_h, page_size=page_size, num_pages=num_pages,
-               block_table_stride=table_stride, kv_capacity=capacity, max_splits=splits.max_splits,
-               tiles_per_split=splits.tiles_per_split, row_groups=plan.row_groups, scale_log2=scale_log2,
-               window_left=plan.window_left)
+                      seqlens_k=seqlens_ptr, block_table=table_ptr, sink=sink_ptr, partial_o=partial_o,
+                      partial_lse=partial_lse, counters=counters, q_len=q_len, heads_per_kv=heads_per_kv,
+                      num_heads_q=num_heads_q, q_stride_b=q_stride_b, q_stride_t=q_stride_t, q_stride_h=q_stride_h,
+                      k_stride_page=k_stride_page, k_stride_t=k_stride_t, k_stride_h=k_stride_h,
+                      v_stride_page=v_stride_page, v_stride_t=v_stride_t, v_stride_h=v_stride_h, page_size=page_size,
+                      num_pages=num_pages,
+                      block_table_stride=table_stride, kv_capacity=capacity, max_splits=splits.max_splits,
+                      tiles_per_split=splits.tiles_per_split, row_groups=plan.row_groups, scale_log2=scale_log2,
+                      window_left=plan.window_left)
