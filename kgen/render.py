@@ -28,7 +28,7 @@ import jinja2
 import jinja2.sandbox
 
 from kgen.dtypes import ELEMENT_TYPES
-from kgen.contract import ContractError, contract_of
+from kgen.contract import ContractError, contract_functions, contract_of
 from kgen.registry import Variant
 
 #: The most characters a rendered source may have (the largest built-in kernel renders to about 60 kB).
@@ -65,6 +65,27 @@ def _environment(template_dirs: tuple[Path, ...]) -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
+
+
+def check_family(family) -> None:
+    """Refuse, in one line, what would fail every variant of ``family`` (a :class:`kgen.registry.Family`) before
+    anything is compiled: a template that cannot be found, lies outside its folder or does not parse, and a host
+    package that declares no contract for the family. ``kgen list`` checks this much, as ``kgen build`` does."""
+    try:
+        _environment(family.template_dirs).get_template(family.template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise RenderError(f"family {family.name!r}: {exc.filename or family.template}:{exc.lineno}: "
+                          f"{exc.message}") from None
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"family {family.name!r}: cannot load its template {family.template}: {exc}") from None
+    if family.host is not None:
+        try:
+            declared = contract_functions(family.host)
+        except ContractError as exc:
+            raise RenderError(f"family {family.name!r}: {exc}") from None
+        if family.name not in declared:
+            raise RenderError(f"family {family.name!r}: its host package {family.host!r} declares no contract for "
+                              f"it ({family.host}.contract.CONTRACTS has {sorted(declared)})")
 
 
 def render(variant: Variant) -> str:

@@ -798,3 +798,22 @@ def test_list_puts_each_variant_on_one_line_when_piped(env):
     variant_lines = [line for line in lines if line.startswith("  [")]
     assert len(variant_lines) == len(registry.current().variants())
     assert all(line.endswith(".yaml") for line in variant_lines)
+
+
+@pytest.mark.parametrize("case", ["missing template", "template syntax", "no contract", "bad knob"])
+def test_list_refuses_what_build_refuses_in_one_error_line(env, tmp_path, case):
+    folder = make_family(tmp_path, "listed", TINY_TEMPLATE)
+    spec = folder / "listed.yaml"
+    if case == "missing template":
+        (folder / "listed.cu.j2").unlink()
+    elif case == "template syntax":
+        (folder / "listed.cu.j2").write_text("{% if %}\n")
+    elif case == "no contract":
+        spec.write_text(spec.read_text().replace("entries:", "host: kgen.families.merge_states\nentries:", 1))
+    else:
+        env = dict(env, KGEN_ALWAYS_COMPILE="maybe")
+    result = run_kgen(["--spec-path", str(folder), "list"], env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert ("KGEN_ALWAYS_COMPILE" if case == "bad knob" else "family 'listed'") in lines[0]

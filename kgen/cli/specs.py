@@ -6,16 +6,19 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from kgen import registry as registry_module
-from kgen.render import render
+from kgen import config, registry as registry_module
+from kgen.render import check_family, render
 
 console = Console()
 
 
 @click.command("list")
 def list_cmd() -> None:
-    """List kernel families and their variants."""
+    """List kernel families and their variants, checked as kgen build checks them before compiling."""
+    config.check_settings()
     reg = registry_module.current()
+    for family in reg.families.values():
+        check_family(family)
     # soft_wrap: one line per variant however narrow the terminal, so the listing can be grepped.
     for family in reg.families.values():
         console.print(f"[bold]{escape(family.name)}[/bold]  template={escape(family.template)}  "
