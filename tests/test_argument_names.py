@@ -104,3 +104,14 @@ def test_a_batch_the_kernels_cannot_index_is_refused_before_anything_per_token(h
 def test_a_forced_segment_length_past_the_grid_is_refused_from_the_lengths():
     with pytest.raises(ValueError, match=r"^segment_chunks: 1 makes 65600 segments; the kernels take at most 65535"):
         plan_chunk_gated_delta_rule([0, 64 * 65600], num_heads_v=1, segment_chunks=1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: plan_attention_varlen([0, *range(1000, 4_000_001, 1000)], [0, *range(1000, 4_000_001, 1000)],
+                                  head_dim=128),
+    lambda: plan_attention_decode([4096] * 4000, num_heads_q=8, num_heads_kv=2, head_dim=128),
+    lambda: plan_chunk_gated_delta_rule([0, 1_000_000, 2_000_000], num_heads_v=4),
+])
+def test_a_plan_s_repr_is_a_summary_however_large_the_batch(make):
+    text = repr(make())
+    assert len(text) < 400 and "\n" not in text and "array" not in text, text

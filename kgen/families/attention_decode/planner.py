@@ -37,6 +37,12 @@ class DecodePlan:
     two calls in flight at once on different streams must not share a plan.
     """
 
+    def __repr__(self) -> str:
+        # A summary: the per-request lengths would fill a screen for a large batch.
+        return (f"DecodePlan({self.num_requests} requests, q_len={self.q_len}, max_seqlen_k={self.max_seqlen_k}, "
+                f"{self.splits.max_splits} splits, window_left={self.window_left}, {self.variant.name})")
+
+
     num_requests: int
     num_heads_q: int
     num_heads_kv: int

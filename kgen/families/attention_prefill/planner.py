@@ -32,6 +32,12 @@ class AttentionPlan:
     one device refuses tensors on another.
     """
 
+    def __repr__(self) -> str:
+        # A summary: the work list and lengths would fill a screen for a large batch.
+        return (f"AttentionPlan({self.num_seqs} sequences, {self.schedule.total_q}/{self.schedule.total_k} query/key "
+                f"tokens, {len(self.schedule.work)} query tiles, window={self.window}, {self.variant.name})")
+
+
     schedule: TileSchedule
     head_dim: int
     dtype: torch.dtype

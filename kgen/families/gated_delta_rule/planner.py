@@ -36,6 +36,12 @@ class ChunkGatedDeltaRulePlan:
     on the device): a plan made for other lengths with the same totals gives wrong results.
     """
 
+    def __repr__(self) -> str:
+        # A summary: the chunk and segment tables have a row per chunk.
+        return (f"ChunkGatedDeltaRulePlan({self.num_seqs} sequences, {len(self.chunks)} chunks, {len(self.segments)} "
+                f"segments, num_heads_v={self.num_heads_v}, head_dim={self.head_dim}, value_slice={self.value_slice})")
+
+
     schedule: ChunkSchedule
     num_heads_v: int
     head_dim: int
