@@ -84,8 +84,9 @@ def kept_allocations(device: torch.device) -> Iterator[None]:
         yield
 
 
-class DispatchCache:
-    """Per-op memo of whatever an op derives from a variant, dropped when the spec path changes."""
+class SpecPathMemo:
+    """A memo of what an op derives from the spec path (launchers, plans from recipes, spec values), emptied
+    when the spec path changes, since every entry may depend on the variants it offers."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple, Any] = {}
@@ -102,5 +103,5 @@ class DispatchCache:
         return value
 
 
-_spec_dtypes = DispatchCache()
-_launchers = DispatchCache()
+_spec_dtypes = SpecPathMemo()
+_launchers = SpecPathMemo()

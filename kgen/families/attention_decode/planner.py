@@ -20,7 +20,7 @@ from kgen.families.attention_decode.splits import SplitPlan, max_request_tiles, 
 from kgen.registry import UnsupportedVariantError, Variant
 from kgen.runtime.checks import INT32_LIMIT, check_int, check_plan_device, check_seqlens
 from kgen.runtime.device import GRID_X_LIMIT, GRID_YZ_LIMIT, sm_count
-from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, contract, full_tiles_twin, kept_allocations, spec_dtypes
+from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, full_tiles_twin, kept_allocations, spec_dtypes
 from kgen.runtime.tables import DeviceTables
 
 FAMILY = "attention_decode"
@@ -221,7 +221,7 @@ def plan_from_recipe(recipe: DecodeRecipe, device: torch.device) -> DecodePlan:
     return found
 
 
-_from_recipe = DispatchCache()
+_from_recipe = SpecPathMemo()
 
 
 def _check_block_table_host(block_table, lengths: np.ndarray, page_size: int | None, num_pages: int | None) -> None:

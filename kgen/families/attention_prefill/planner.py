@@ -17,7 +17,7 @@ from kgen.families.attention_prefill.recipe import AttentionRecipe
 from kgen.registry import UnsupportedVariantError, Variant
 from kgen.runtime.checks import check_int, check_plan_device, seqlens_from_cu
 from kgen.runtime.tables import DeviceTables
-from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, full_tiles_twin, spec_dtypes
+from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, full_tiles_twin, spec_dtypes
 
 FAMILY = "attention_prefill"
 
@@ -176,4 +176,4 @@ def plan_from_recipe(recipe: AttentionRecipe, work: torch.Tensor) -> AttentionPl
     return found
 
 
-_from_recipe = DispatchCache()
+_from_recipe = SpecPathMemo()

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from kgen import registry
-from kgen.runtime.dispatch import DispatchCache, spec_dtypes
+from kgen.runtime.dispatch import SpecPathMemo, spec_dtypes
 
 
 class SpecAxes(NamedTuple):
@@ -27,4 +27,4 @@ def spec_axes(family: str) -> SpecAxes:
     return found
 
 
-_spec_axes = DispatchCache()
+_spec_axes = SpecPathMemo()

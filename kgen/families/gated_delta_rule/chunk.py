@@ -31,7 +31,7 @@ from kgen.launch import KernelLauncher, current_device
 from kgen.runtime import tma
 from kgen.runtime.checks import INT32_LIMIT, check_dense_rows, check_scale, check_shape, check_tensor
 from kgen.runtime.device import GRID_YZ_LIMIT
-from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, contract, incomplete_tile_pair, launcher
+from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, incomplete_tile_pair, launcher
 
 KKT_FAMILY = "gated_delta_rule_kkt"
 
@@ -49,7 +49,7 @@ class _Kernels:
     new_maps: Callable[[], tma.TensorMaps]
 
 
-_kernels = DispatchCache()
+_kernels = SpecPathMemo()
 # The recurrence's TMA descriptors, per calling thread and tensor layout.
 _descriptors = tma.DescriptorCache()
 

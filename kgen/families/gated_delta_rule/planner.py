@@ -19,7 +19,7 @@ from kgen.families.gated_delta_rule.contract import GDN_SEGMENT_FIELDS
 from kgen.families.gated_delta_rule.schedule import ChunkSchedule, RecurrenceCosts, plan_chunks
 from kgen.runtime.checks import INT32_LIMIT, check_plan_device, check_int, seqlens_from_cu
 from kgen.runtime.device import GRID_YZ_LIMIT, sm_count
-from kgen.runtime.dispatch import DispatchCache, contract
+from kgen.runtime.dispatch import SpecPathMemo, contract
 from kgen.runtime.tables import DeviceTables
 
 CHUNK_FAMILY = "gated_delta_rule_chunk"
@@ -201,7 +201,7 @@ def _segment_tables(schedule: ChunkSchedule, lengths: np.ndarray, starts: np.nda
     return rows, chains, int(base[-1])
 
 
-_fixed_plans = DispatchCache()
+_fixed_plans = SpecPathMemo()
 
 
 def fixed_length_plan(batch: int, tokens: int, heads_v: int, head_dim: int, device: torch.device

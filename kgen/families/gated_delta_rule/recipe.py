@@ -11,7 +11,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from kgen.families.gated_delta_rule.planner import ChunkGatedDeltaRulePlan, plan_chunk_gated_delta_rule
-from kgen.runtime.dispatch import DispatchCache
+from kgen.runtime.dispatch import SpecPathMemo
 
 
 class ChunkRecipe(NamedTuple):
@@ -60,4 +60,4 @@ def plan_from_recipe(recipe: tuple[int, ...], tables: Sequence[torch.Tensor]) ->
     return found
 
 
-_from_recipe = DispatchCache()
+_from_recipe = SpecPathMemo()

@@ -16,11 +16,11 @@ from kgen.families.gated_delta_rule.axes import spec_axes
 from kgen.launch import KernelLauncher
 from kgen.runtime.checks import check_dense_rows, check_scale, check_shape, check_tensor
 from kgen.runtime.device import GRID_YZ_LIMIT
-from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, contract, launcher
+from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, launcher
 
 STEP_FAMILY = "gated_delta_rule_step"
 
-_step_kernels = DispatchCache()
+_step_kernels = SpecPathMemo()
 
 
 def _step_kernel(device_index: int, head_dim: int, dtype: torch.dtype, state_layout: str

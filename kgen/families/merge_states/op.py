@@ -13,7 +13,7 @@ import torch
 
 from kgen.launch import KernelLauncher
 from kgen.runtime.checks import check_dense_rows, check_shape, check_tensor
-from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, contract, incomplete_tile_pair, launcher, spec_dtypes
+from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, incomplete_tile_pair, launcher, spec_dtypes
 
 FAMILY = "merge_attention_states"
 _MAX_ROWS = 2**31 - 1  # the kernel indexes (token, head) rows with 32-bit integers
@@ -26,7 +26,7 @@ class _Kernels:
     stacked: tuple[KernelLauncher, KernelLauncher]
 
 
-_dispatch = DispatchCache()
+_dispatch = SpecPathMemo()
 
 
 def _kernels(device_index: int, head_dim: int, dtype: torch.dtype) -> _Kernels:

@@ -6,10 +6,10 @@ import numpy as np
 import torch
 
 from kgen.runtime.checks import check_scale, check_tensor
-from kgen.runtime.dispatch import DTYPE_NAMES, DispatchCache, contract, incomplete_tile_pair, launcher, spec_dtypes
+from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, incomplete_tile_pair, launcher, spec_dtypes
 
 FAMILY = "toy_scale"
-_kernels = DispatchCache()
+_kernels = SpecPathMemo()
 
 
 def _launchers(device_index: int, dtype: torch.dtype):
