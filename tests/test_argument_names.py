@@ -3,10 +3,12 @@ planner's block-table check says which argument is wrong, never leaking a numpy 
 
 from __future__ import annotations
 
+import re
 from unittest import mock
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from kgen.ops import plan_attention_decode, plan_attention_varlen, plan_chunk_gated_delta_rule
 
@@ -115,3 +117,31 @@ def test_a_forced_segment_length_past_the_grid_is_refused_from_the_lengths():
 def test_a_plan_s_repr_is_a_summary_however_large_the_batch(make):
     text = repr(make())
     assert len(text) < 400 and "\n" not in text and "array" not in text, text
+
+
+_ODD_VALUES = [0, 1, -1, 7, 64, 128, 2**31, 2**40, 1.5, 128.0, "128", None, True, [], [0], [0, 5], (0, 5, 3), [0, -3],
+               [[0]], torch.tensor([0, 5], dtype=torch.int32), torch.tensor([0.0, 5.0]), torch.bfloat16, "cuda", "cpu",
+               object()]
+_PLANNERS = {
+    "varlen": (lambda cu, **kw: plan_attention_varlen(cu, cu, **{"head_dim": 128, **kw}),
+               ("head_dim", "causal", "window", "tail", "tile_m", "tile_n", "mma", "dtype", "device")),
+    "decode": (lambda cu, **kw: plan_attention_decode(cu, **{"num_heads_q": 8, "num_heads_kv": 2, "head_dim": 128, **kw}),
+               ("num_heads_q", "num_heads_kv", "head_dim", "q_len", "dtype", "page_size", "block_table", "num_pages",
+                "max_seqlen_k", "window_left", "kv_load", "tail", "num_sms", "device")),
+    "chunk": (lambda cu, **kw: plan_chunk_gated_delta_rule(cu, **{"num_heads_v": 4, **kw}),
+              ("num_heads_v", "head_dim", "num_sms", "segment_chunks", "tile_n", "device")),
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), planner=st.sampled_from(sorted(_PLANNERS)))
+def test_a_planner_given_odd_values_refuses_them_naming_the_argument(data, planner):
+    # The hostile audit's planner fuzz, kept: whatever a planner refuses, it refuses with a ValueError or
+    # TypeError whose message starts with the argument's name (or the plan's), never another exception.
+    plan, knobs = _PLANNERS[planner]
+    cu = data.draw(st.sampled_from(_ODD_VALUES))
+    kwargs = data.draw(st.dictionaries(st.sampled_from(knobs), st.sampled_from(_ODD_VALUES), max_size=4))
+    try:
+        plan(cu, **kwargs)
+    except (ValueError, TypeError) as exc:
+        assert re.match(r"^([a-z_0-9]+(\[\d+\])?|plan|device): ", str(exc)), f"{planner}({cu!r}, {kwargs}): {exc}"
