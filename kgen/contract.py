@@ -116,11 +116,17 @@ def contract_functions(host: str) -> Mapping[str, ContractFunction]:
     return found
 
 
+def contract_function(host: str, family: str) -> ContractFunction:
+    """The function ``host`` declares for ``family``'s contract, or a :class:`ContractError` in one line."""
+    declared = contract_functions(host)
+    function = declared.get(family)
+    if function is None:
+        raise ContractError(f"family {family!r}: its host package {host!r} declares no contract for it "
+                            f"({host}.contract.CONTRACTS has {sorted(declared)})")
+    return function
+
+
 # Ops ask on every call; a contract depends on the family and the parameters alone.
 @functools.lru_cache(maxsize=1024)
 def _contract(host: str, family: str, params: tuple) -> LaunchContract:
-    function = contract_functions(host).get(family)
-    if function is None:
-        raise ContractError(f"family {family!r}: its host package {host!r} declares no contract for it "
-                            f"({host}.contract.CONTRACTS has {sorted(contract_functions(host))})")
-    return function(dict(params))
+    return contract_function(host, family)(dict(params))

@@ -28,7 +28,7 @@ import jinja2
 import jinja2.sandbox
 
 from kgen.dtypes import ELEMENT_TYPES
-from kgen.contract import ContractError, contract_functions, contract_of
+from kgen.contract import ContractError, contract_function, contract_of
 from kgen.registry import Variant
 
 #: The most characters a rendered source may have (the largest built-in kernel renders to about 60 kB).
@@ -80,12 +80,9 @@ def check_family(family) -> None:
         raise RenderError(f"family {family.name!r}: cannot load its template {family.template}: {exc}") from None
     if family.host is not None:
         try:
-            declared = contract_functions(family.host)
+            contract_function(family.host, family.name)
         except ContractError as exc:
-            raise RenderError(f"family {family.name!r}: {exc}") from None
-        if family.name not in declared:
-            raise RenderError(f"family {family.name!r}: its host package {family.host!r} declares no contract for "
-                              f"it ({family.host}.contract.CONTRACTS has {sorted(declared)})")
+            raise RenderError(str(exc)) from None
 
 
 def render(variant: Variant) -> str:
