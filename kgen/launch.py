@@ -10,6 +10,7 @@ torch and cuda.core names; each is named once below, with why.
 from __future__ import annotations
 
 import keyword
+import types
 from collections import OrderedDict
 from typing import Sequence
 
@@ -129,6 +130,19 @@ class KernelLauncher:
             self._configs.clear()
         config = self._configs[grid] = LaunchConfig(grid=grid, block=self.threads, shmem_size=self.dynamic_smem)
         return config
+
+    def bound(self, **fixed):
+        """The launch function with ``fixed`` parameters set: a call passes only the others by name.
+
+        For a call repeated with new addresses and the rest unchanged: Python fills the fixed values in from
+        the function's keyword defaults, where a dict of every argument would be copied and unpacked per call.
+        """
+        unknown = sorted(set(fixed) - {p.name for p in self.parameters})
+        if unknown:
+            raise LaunchArgumentError(f"{self.name}: no parameter named {', '.join(unknown)}")
+        function = types.FunctionType(self.launch.__code__, self.launch.__globals__, self.launch.__name__)
+        function.__kwdefaults__ = fixed
+        return function
 
     def __call__(self, grid: int | tuple, /, **args) -> None:
         """``launch(grid, **args)``, for callers that hold no reference to the launch function."""

@@ -315,3 +315,43 @@ def test_two_runs_are_bitwise_equal(kernel):
     first = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan, return_lse=True)
     second = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan, return_lse=True)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+# A plan used with cu_seqlens other than its own: (planned lengths, the call's cu_seqlens_q and cu_seqlens_k).
+_PLAN_MISUSES = {
+    # Same total, one boundary moved: the two sequences on either side of it.
+    "moved-boundary": ([70, 200, 1, 129], [0, 70, 180, 271, 400], [0, 70, 180, 271, 400]),
+    # Lengths that decrease.
+    "decreasing": ([70, 200, 1, 129], [0, 70, 30, 271, 400], [0, 70, 30, 271, 400]),
+    # A total past q's and k's rows: the last sequence.
+    "past-the-end": ([70, 200, 1, 129], [0, 70, 270, 271, 500], [0, 70, 270, 271, 500]),
+    # Keys alone moved.
+    "keys-only": ([70, 200, 1, 129], [0, 70, 270, 271, 400], [0, 70, 260, 271, 400]),
+}
+
+
+@pytest.mark.parametrize("misuse", sorted(_PLAN_MISUSES))
+@pytest.mark.parametrize("kernel", kernels(), ids=kernel_id)
+def test_a_plan_used_with_other_cu_seqlens_gives_nan_to_the_moved_sequences_alone(kernel, misuse):
+    mma, head_dim, tile_m, tail = kernel
+    lengths, call_q, call_k = _PLAN_MISUSES[misuse]
+    planned = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    plan = plan_attention_varlen(planned, planned, head_dim=head_dim, causal=True, tail=tail, tile_m=tile_m, mma=mma)
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+    q, k, v = (torch.randn((planned[-1], 4, head_dim), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
+    right = attention_varlen(q, k, v, *(torch.tensor(planned, dtype=torch.int32, device="cuda"),) * 2, causal=True,
+                             plan=plan, return_lse=True)
+    # Poisoned with zeros, not NaN: the moved sequences must be written NaN, the others their results.
+    out, lse = torch.zeros_like(q), torch.zeros((4, planned[-1]), device="cuda")
+    attention_varlen(q, k, v, torch.tensor(call_q, dtype=torch.int32, device="cuda"),
+                     torch.tensor(call_k, dtype=torch.int32, device="cuda"), causal=True, plan=plan, return_lse=True,
+                     out=out, lse_out=lse)
+    moved = [i for i in range(len(lengths))
+             if (call_q[i], call_q[i + 1], call_k[i], call_k[i + 1]) != (planned[i], planned[i + 1]) * 2]
+    assert moved, "the case must move some sequence"
+    for i in range(len(lengths)):
+        rows = slice(planned[i], planned[i + 1])
+        if i in moved:
+            assert out[rows].isnan().all() and lse[:, rows].isnan().all(), f"sequence {i} moved: its rows must be NaN"
+        else:  # bitwise what the right cu_seqlens give
+            assert torch.equal(out[rows], right[0][rows]) and torch.equal(lse[:, rows], right[1][:, rows]), f"sequence {i}"

@@ -36,9 +36,12 @@ def test_work_list_covers_every_query_tile_longest_first():
     tile_m = spec_tiles(128)["tile_m"]
     plan = plan_attention_varlen([0, 3 * tile_m, 3 * tile_m + 1], [0, 3 * tile_m, 3 * tile_m + 1], head_dim=128,
                                  causal=True, tile_m=tile_m)
-    assert plan.work.dtype == torch.int32 and plan.work.shape == (4, 2)
-    assert sorted(map(tuple, plan.work.tolist())) == [(0, 0), (0, 1), (0, 2), (1, 0)]
-    assert tuple(plan.work[0].tolist()) == (0, 2)  # the causal tile with the most keys goes first
+    assert plan.work.dtype == torch.int32 and plan.work.shape == (4, 6)
+    # Each item: sequence, query tile, and the sequence's query and key bounds the kernel checks cu_seqlens against.
+    end = 3 * tile_m
+    assert sorted(map(tuple, plan.work.tolist())) == [(0, 0, 0, end, 0, end), (0, 1, 0, end, 0, end),
+                                                      (0, 2, 0, end, 0, end), (1, 0, end, end + 1, end, end + 1)]
+    assert tuple(plan.work[0, :2].tolist()) == (0, 2)  # the causal tile with the most keys goes first
 
 
 def tile_heights(head_dim: int, tail: str | None = None) -> list[int]:

@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kgen.families.attention_prefill.contract import ATTENTION_WORK_FIELDS
 from kgen.families.attention_prefill.plan import (
     WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, plan_tiles, validate_window,
 )
@@ -59,7 +60,8 @@ def brute_force_incomplete(seqlens_q: list[int], seqlens_k: list[int], tile_m: i
 
 
 def work_items(plan: TileSchedule) -> list[tuple[int, int]]:
-    return [tuple(item) for item in plan.work.tolist()]
+    """(sequence, query tile) of each work item."""
+    return [tuple(item[:2]) for item in plan.work.tolist()]
 
 
 def check_against_model(seqlens_q: list[int], seqlens_k: list[int], tile_m: int, tile_n: int, causal: bool,
@@ -75,8 +77,12 @@ def check_against_model(seqlens_q: list[int], seqlens_k: list[int], tile_m: int,
 
     # Every query tile exactly once, each with its own cost.
     items, costs = work_items(plan), plan.num_key_tiles.tolist()
-    assert plan.work.shape == (len(expected_cost), 2) and len(costs) == len(expected_cost)
+    assert plan.work.shape == (len(expected_cost), len(ATTENTION_WORK_FIELDS)) and len(costs) == len(expected_cost)
     assert sorted(items) == sorted(expected_cost)
+    # ... with its sequence's bounds, which the kernel addresses by.
+    starts_q, starts_k = np.cumsum([0] + seqlens_q), np.cumsum([0] + seqlens_k)
+    assert [tuple(item[2:]) for item in plan.work.tolist()] == [
+        (starts_q[seq], starts_q[seq + 1], starts_k[seq], starts_k[seq + 1]) for seq, _ in items]
     assert [expected_cost[item] for item in items] == costs
     # Costliest first; equal costs by (seq, tile) ascending.
     order = [(-cost, item) for cost, item in zip(costs, items)]
@@ -230,7 +236,7 @@ def test_empty_sequences_are_complete_and_unscheduled():
     assert work_items(plan) == [(1, 0)] and plan.num_key_tiles.tolist() == [0]
     assert not plan.has_incomplete_tile
     empty = plan_tiles([], [], tile_m=16, tile_n=16, causal=False, window=(-1, -1))
-    assert empty.work.shape == (0, 2) and empty.work.dtype == np.int32 and empty.num_key_tiles.shape == (0,)
+    assert empty.work.shape == (0, len(ATTENTION_WORK_FIELDS)) and empty.work.dtype == np.int32 and empty.num_key_tiles.shape == (0,)
     assert (empty.max_seqlen_q, empty.max_seqlen_k, empty.total_q, empty.total_k) == (0, 0, 0, 0)
     assert not empty.has_incomplete_tile and (empty.tile_m, empty.tile_n) == (16, 16)
 

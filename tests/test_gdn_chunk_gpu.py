@@ -195,3 +195,39 @@ def test_graph_capture_with_a_fresh_plan_made_for_the_device():
     torch.cuda.synchronize()
     o_ref, _ = ref.recurrent(q, k, v, g, beta, cu_seqlens=cu_host)
     assert ref.rel_rms(out, o_ref) <= ref.RMS_BAR
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("call_cu", [[0, 310, 377, 1377], [0, 300, 250, 1377], [0, 300, 377, 1400]],
+                         ids=["moved-boundary", "decreasing", "past-the-end"])
+def test_a_plan_used_with_other_cu_seqlens_gives_nan_to_the_moved_sequences_alone(call_cu, index_dtype):
+    lengths, heads_v = [300, 77, 1000], 4
+    planned = [0, 300, 377, 1377]
+    # Segments of 2 chunks: every sequence but the short one is split, so the summary and chain run too.
+    plan = plan_chunk_gated_delta_rule(planned, num_heads_v=heads_v, head_dim=128, segment_chunks=2)
+    q, k, v, g, beta = make_inputs(lengths, 2, 2, 128, torch.bfloat16, False, True, seed=21)
+    initial = torch.randn(3, heads_v, 128, 128, device="cuda")
+    right = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, plan=plan,
+                                   cu_seqlens=torch.tensor(planned, dtype=index_dtype, device="cuda"))
+    out = torch.zeros_like(v)
+    _, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, plan=plan,
+                                      cu_seqlens=torch.tensor(call_cu, dtype=index_dtype, device="cuda"), out=out)
+    moved = [i for i in range(3) if (call_cu[i], call_cu[i + 1]) != (planned[i], planned[i + 1])]
+    assert moved
+    for i in range(3):
+        rows = slice(planned[i], planned[i + 1])
+        if i in moved:
+            assert out[:, rows].isnan().all() and final[i].isnan().all(), f"sequence {i} moved: it must be NaN"
+        else:
+            assert torch.equal(out[:, rows], right[0][:, rows]) and torch.equal(final[i], right[1][i]), f"sequence {i}"
+
+
+def test_a_varlen_plan_for_a_batch_without_cu_seqlens_is_refused():
+    q, k, v, g, beta = (t.reshape(2, 50, *t.shape[2:]) for t in make_inputs([100], 2, 2, 128, torch.bfloat16, False,
+                                                                          True, seed=1))
+    uneven = plan_chunk_gated_delta_rule([0, 30, 100], num_heads_v=4, head_dim=128)
+    with pytest.raises(ValueError, match="plan: made for 2 sequences of other lengths; without cu_seqlens these "
+                                         "tensors are 2 sequences of 50 tokens"):
+        chunk_gated_delta_rule(q, k, v, g, beta, plan=uneven)
+    even = plan_chunk_gated_delta_rule([0, 50, 100], num_heads_v=4, head_dim=128)
+    assert torch.equal(chunk_gated_delta_rule(q, k, v, g, beta, plan=even)[0], chunk_gated_delta_rule(q, k, v, g, beta)[0])

@@ -117,12 +117,12 @@ def test_op_tables_match_the_model(seqlens, heads_v, sms):
     for s, n in enumerate(seqlens):
         mine = sorted((first, count) for seq, first, count in schedule.segments.tolist() if seq == s)
         if n == 0:
-            rows.append([s, cu[s], cu[s], 0, 0, -1, -1, 1])
+            rows.append([s, cu[s], cu[s], 0, 0, -1, -1, 1, cu[s]])
             continue
         for j, (first, count) in enumerate(mine):
             last = j == len(mine) - 1
             rows.append([s, cu[s] + chunk * first, cu[s + 1], int(schedule.chunk_offsets[s]) + first, count,
-                         -1 if last else base + j, base + j - 1 if j else -1, int(last)])
+                         -1 if last else base + j, base + j - 1 if j else -1, int(last), cu[s]])
         if len(mine) > 1:
             chains.append([s, base, len(mine) - 1])
             base += len(mine) - 1

@@ -27,6 +27,19 @@ def test_arguments_are_bound_by_name_in_any_order_and_reach_the_kernel_in_the_co
     assert seen == [(3, (1, 2, 7, np.float32(0.5))), (4, (1, 2, 7, np.float32(0.5)))]
 
 
+def test_a_bound_launch_takes_the_fixed_arguments_from_its_defaults_and_the_others_by_name():
+    launcher, seen = _launcher(), []
+    launcher._launch_values = lambda grid, values: seen.append((grid, values))
+    scale_by_half = launcher.bound(n=7, scale=np.float32(0.5))
+    scale_by_half(3, out=2, x=1)
+    scale_by_half(3, out=4, x=3, n=8)  # a fixed argument can still be passed
+    assert seen == [(3, (1, 2, 7, np.float32(0.5))), (3, (3, 4, 8, np.float32(0.5)))]
+    with pytest.raises(TypeError, match=r"toy_scale\(\) missing 1 required keyword-only argument: 'x'"):
+        scale_by_half(3, out=2)
+    with pytest.raises(LaunchArgumentError, match="toy_scale: no parameter named extra"):
+        launcher.bound(extra=1)
+
+
 @pytest.mark.parametrize("args, message", [
     (dict(x=1, out=2, n=3), r"toy_scale\(\) missing 1 required keyword-only argument: 'scale'"),
     (dict(x=1, out=2, n=3, scale=np.float32(1), extra=0), r"toy_scale\(\) got an unexpected keyword argument 'extra'"),

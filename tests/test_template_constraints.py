@@ -111,8 +111,10 @@ def test_every_admitted_value_compiles_into_a_tested_variant_or_fails_with_its_a
 @pytest.mark.parametrize("family_name, change, message", [
     ("attention_prefill", {"dynamic_smem_bytes": 64}, "dynamic shared memory differs from the host's contract"),
     ("attention_prefill", {"threads": 32}, "threads per block differ from the host's contract"),
-    ("attention_prefill", {"sizes": {"q_box_rows": 8, "kv_box_rows": 8, "box_span_bytes": 128}},
+    ("attention_prefill", {"sizes": {"q_box_rows": 8, "kv_box_rows": 8, "box_span_bytes": 128, "work_fields": 6}},
      "the host's TMA boxes must be one Q tile and one K/V tile high"),
+    ("attention_prefill", {"sizes": {"q_box_rows": 128, "kv_box_rows": 128, "box_span_bytes": 128, "work_fields": 2}},
+     "a work item's fields differ from the host's contract"),
     # The signature and the mainloop's arguments are rendered from the contract: a parameter it lacks
     # is one the body cannot name.
     ("attention_prefill", {"drop_parameter": True}, 'class "<unnamed>::Arguments" has no member "window_right"'),

@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitizer_case.py
 
 Attention over a packed batch with tails (each kernel and tail policy, and the no-tail variant on
-whole tiles), neighbours poisoned with NaN/Inf, decode attention (each load and tail policy, contiguous
+whole tiles), neighbours poisoned with NaN/Inf, a plan used with cu_seqlens past the tensors (here and
+for the gated delta rule), decode attention (each load and tail policy, contiguous
 and paged, a request split and merged in the kernel), the gated delta rule's chunked forward (tails, a
 split sequence with its summaries and chain, both layouts, l2norm) and decode step, and both merge
 kernels.
@@ -37,6 +38,11 @@ def main() -> None:
                 out = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan)
                 first = out[:lengths[0]]
                 assert not first.isnan().any(), f"NaN leaked into sequence 0 (hd{head_dim}, {mma}, tail={tail})"
+                # The plan with cu_seqlens past the tensors' rows: NaN for the sequences moved, nothing outside.
+                past = cu.clone()
+                past[1:] += 1000
+                out = attention_varlen(q, k, v, past.cuda(), cu.cuda(), causal=True, plan=plan)
+                assert out.isnan().all(), "a plan used with other cu_seqlens must give NaN"
     # The gated delta rule's decode step, both state layouts, a padded slot and a pool larger than the batch.
     for layout in ("kv", "vk"):
         q, k = (torch.randn((3, 2, 128), device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -59,6 +65,9 @@ def main() -> None:
                                       output_final_state=True, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"),
                                       use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan)
         assert not o[0, :lengths[0]].isnan().any(), "NaN leaked into sequence 0 (gated delta rule)"
+        past = torch.tensor(cu, dtype=torch.int64, device="cuda") * 3  # bounds past the tensors: NaN, nothing outside
+        o, _ = chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=past, plan=plan, state_layout=layout)
+        assert o[0, :lengths[0]].isnan().all(), "a plan used with other cu_seqlens must give NaN (gated delta rule)"
     # Decode: every load and tail policy, contiguous and paged (pages of 16 by TMA, of 5 by cp.async), a
     # request split many ways (merged by its last CTA) beside short ones and an empty one, two tokens a request.
     lengths = [3000, 17, 0, 64]

@@ -136,7 +136,7 @@ struct MmaSyncKernel {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) state.o[rb][db][e] = 0.f;
 #pragma unroll
-        for (int i = 0; i < 2 * kRowBlocks; ++i) state.max[i] = -inf(), state.sum[i] = 0.f;
+        for (int i = 0; i < 2 * kRowBlocks; ++i) state.max[i] = -inf(), state.sum[i] = tile.initial_sum();
 
         for (int n = tile.n_begin; n < tile.n_end; ++n) {
             const int buf = (n - tile.n_begin) & 1;

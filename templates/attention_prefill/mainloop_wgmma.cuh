@@ -199,7 +199,7 @@ struct WgmmaKernel {
 #pragma unroll
             for (int e = 0; e < 4; ++e) state.o[0][db][e] = 0.f;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) state.max[i] = -inf(), state.sum[i] = 0.f;
+        for (int i = 0; i < 2; ++i) state.max[i] = -inf(), state.sum[i] = tile.initial_sum();
 
         auto mask_if_crossing = [&](Scores& s, int key0) {
             if (tile.crosses_boundary(key0)) mask_scores(s, tile.mask, key0, thread_row0, quad_col);

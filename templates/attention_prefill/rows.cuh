@@ -14,13 +14,25 @@ struct Mask {
     }
 };
 
+// A work item's fields (the host's ATTENTION_WORK_FIELDS).
+enum WorkField { kSequence, kQueryTile, kQueryStart, kQueryEnd, kKeyStart, kKeyEnd, kWorkFields };
+
 // A CTA's work item: query tile work[blockIdx.x] (of kTileM rows) of its sequence for head
 // blockIdx.y, and the key tiles (of kTileN keys) [n_begin, n_end) holding a key some row of the
 // tile may attend. Without kHasIncompleteTile every sequence is whole tiles long.
+//
+// The sequence's bounds are the plan's, which the host checked against the tensors, so nothing is
+// addressed outside them whatever the call's cu_seqlens hold. Where those differ from the plan's
+// bounds of the sequence (a plan used for other lengths), the tile visits no key tile and its rows'
+// sums start at NaN, so their O and LSE come out NaN: the misuse shows instead of a finite, wrong
+// result. Every tile of a sequence whose bounds moved does this, so all its rows are NaN.
 template <int kTileM, int kTileN, bool kHasIncompleteTile>
 struct TileWork {
     int head, kv_head, q_start, lq, k_start, lk, row0, row_last, n_begin, n_end;
+    bool matches_plan;
     Mask mask;
+
+    __device__ __forceinline__ float initial_sum() const { return matches_plan ? 0.f : quiet_nan(); }
 
     // Key tile `key0` needs the mask: it crosses the sequence end or a window edge.
     __device__ __forceinline__ bool crosses_boundary(int key0) const {
@@ -33,13 +45,16 @@ struct TileWork {
     __device__ static __forceinline__ TileWork of_block(const int* work, const int* cu_seqlens_q, const int* cu_seqlens_k,
                                                         long long heads_per_kv, long long window_left, long long window_right) {
         TileWork t;
-        const int seq = work[2 * blockIdx.x], q_tile = work[2 * blockIdx.x + 1];
+        const int* const item = work + kWorkFields * blockIdx.x;
+        const int seq = item[kSequence], q_tile = item[kQueryTile];
         t.head = blockIdx.y;
         t.kv_head = t.head / static_cast<int>(heads_per_kv);
-        t.q_start = cu_seqlens_q[seq];
-        t.lq = cu_seqlens_q[seq + 1] - t.q_start;
-        t.k_start = cu_seqlens_k[seq];
-        t.lk = cu_seqlens_k[seq + 1] - t.k_start;
+        t.q_start = item[kQueryStart];
+        t.lq = item[kQueryEnd] - t.q_start;
+        t.k_start = item[kKeyStart];
+        t.lk = item[kKeyEnd] - t.k_start;
+        t.matches_plan = cu_seqlens_q[seq] == t.q_start && cu_seqlens_q[seq + 1] == item[kQueryEnd] &&
+                         cu_seqlens_k[seq] == t.k_start && cu_seqlens_k[seq + 1] == item[kKeyEnd];
         t.mask = Mask{t.lk, t.lk - t.lq, static_cast<int>(window_left), static_cast<int>(window_right)};
         t.row0 = q_tile * kTileM;
         t.row_last = min(t.row0 + kTileM, t.lq) - 1;
@@ -50,6 +65,7 @@ struct TileWork {
             const int last_key = t.row_last + t.mask.offset + t.mask.window_right;
             t.n_end = min(t.n_end, last_key < 0 ? 0 : last_key / kTileN + 1);
         }
+        if (!t.matches_plan) t.n_end = t.n_begin;
         return t;
     }
 };
@@ -86,7 +102,8 @@ __device__ __forceinline__ void write_output(const attention::RowState<kRowBlock
         const SinkFold fold = fold_sink(state.max[i], total, sink_log2);
         // One term of the denominator is 2^0 (the row's or the sink's maximum), so it is >= 1 when
         // positive, where the fast division is exact to 2 ulp; IEEE division calls a slow path.
-        const float o_scale = fold.denominator > 0.f ? __fdividef(fold.row_weight, fold.denominator) : 0.f;
+        // A NaN denominator (a refused tile's, see TileWork) makes O NaN.
+        const float o_scale = fold.denominator <= 0.f ? 0.f : __fdividef(fold.row_weight, fold.denominator);
         const int row = row_of(i);
         if (kHasIncompleteTile && row >= lq) continue;
         const float (&acc)[kHeadDim / 8][4] = state.o[i / 2];

@@ -53,9 +53,9 @@ struct SinkFold {
     float row_weight;   // 2^(row_max - base), the factor of the row's sum and of its O
     float denominator;  // row_sum * row_weight + 2^(sink - base): 0 only with no key and no sink
 
-    // The merged LSE as a natural log (what the ops return); -inf for a zero denominator.
+    // The merged LSE as a natural log (what the ops return); -inf for a zero denominator, NaN for a NaN one.
     __device__ __forceinline__ float natural_lse() const {
-        return denominator > 0.f ? (base + log2f(denominator)) * kLn2 : -inf();
+        return denominator <= 0.f ? -inf() : (base + log2f(denominator)) * kLn2;
     }
 };
 
@@ -111,7 +111,7 @@ __device__ __forceinline__ float merge_partials(int count, LseAt lse_at, OAt o_a
         }
         top = batch_top;
     }
-    if (refused) return __int_as_float(0x7fc00000);
+    if (refused) return quiet_nan();
     if (top == -inf()) return top;
     const float inv = 1.f / total;  // total >= 1: the top partial's weight is 1
 #pragma unroll

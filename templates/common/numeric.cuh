@@ -63,5 +63,7 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 }
 
 __device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
+// What a kernel writes where it refuses to compute: a result that cannot pass for a number.
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
 }  // namespace kgen

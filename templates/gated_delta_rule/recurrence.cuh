@@ -8,9 +8,9 @@
 namespace kgen {
 namespace gdn {
 
-// A segment row, as kgen/families/gated_delta_rule/chunk.py writes it.
+// A segment row, as the host's planner writes it (its GDN_SEGMENT_FIELDS).
 enum SegmentField { kSequence, kFirstToken, kEndToken, kFirstChunk, kChunks, kSummarySlot, kStartSlot, kWritesFinal,
-                    kSegmentFields };
+                    kSequenceStart, kSegmentFields };
 
 // The index of state element (key, value) of a [K, V] (kKeyMajor) or [V, K] state.
 template <bool kKeyMajor, int kHeadDim>
@@ -59,7 +59,8 @@ struct Recurrence {
                                                const kgen::TmaDescriptor& map_v, const kgen::TmaDescriptor& map_tbeta,
                                                const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                                const float* __restrict__ g, const T* __restrict__ tbeta,
-                                               const int* __restrict__ segments, const float* __restrict__ initial_state,
+                                               const int* __restrict__ segments, const void* __restrict__ cu_seqlens,
+                                               long long cu_seqlens_is_int64, const float* __restrict__ initial_state,
                                                const float* __restrict__ start_states, float* __restrict__ summary,
                                                T* __restrict__ out, float* __restrict__ final_state, long long num_heads,
                                                long long num_heads_v, float scale, long long use_qk_l2norm) {
@@ -153,9 +154,20 @@ struct Recurrence {
         const int row = 16 * warp + lane / 4, fragment_column = 2 * (lane % 4);
         float s[kKeyTiles][4];
         {
-            const float* start = nullptr;  // [K, V] as the layout stores it; none: zero
+            const float* start = nullptr;  // [K, V] as the layout stores it; none: zero (NaN when refused)
             bool key_major = kKeyMajor;
-            if (!kSummary) {
+            // Addresses are the plan's. Where the call's cu_seqlens (absent for a batch of equal lengths, which
+            // the host checks) bound the sequence otherwise (a plan used for other lengths), the segment starts
+            // from a NaN state, so its outputs and its final state come out NaN, not finite and wrong.
+            bool refused = false;
+            if (!kSummary && cu_seqlens != nullptr) {
+                const long long begin = cu_seqlens_is_int64 ? static_cast<const long long*>(cu_seqlens)[sequence]
+                                                            : static_cast<const int*>(cu_seqlens)[sequence];
+                const long long end = cu_seqlens_is_int64 ? static_cast<const long long*>(cu_seqlens)[sequence + 1]
+                                                          : static_cast<const int*>(cu_seqlens)[sequence + 1];
+                refused = begin != segment[kSequenceStart] || end != end_token;
+            }
+            if (!kSummary && !refused) {
                 if (segment[kStartSlot] >= 0) {
                     start = start_states + (static_cast<long long>(segment[kStartSlot]) * heads_v + head_v) * kHeadDim * kHeadDim;
                     key_major = true;  // the chain writes [K, V]
@@ -172,7 +184,7 @@ struct Recurrence {
                         s[n][e] = transition && key == column0 + column ? 1.f : 0.f;
                     } else {
                         const int value = value0 + column;
-                        s[n][e] = start == nullptr ? 0.f
+                        s[n][e] = start == nullptr ? (refused ? quiet_nan() : 0.f)
                                   : start[key_major ? static_cast<long long>(key) * kHeadDim + value
                                                     : static_cast<long long>(value) * kHeadDim + key];
                     }

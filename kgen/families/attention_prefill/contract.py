@@ -12,6 +12,11 @@ from kgen.dtypes import ELEMENT_TYPES
 #: K/V buffer, one for Q); wgmma's nine (full and empty per K and per V buffer, one for Q).
 ATTENTION_BARRIER_BYTES = {"mma_sync": 64, "wgmma": 128}
 
+#: A work item's fields, as the planner writes them (:func:`kgen.families.attention_prefill.plan.plan_tiles`) and
+#: rows.cuh reads them: the query tile, and the bounds the plan made it for, which the kernel addresses by and
+#: checks against the call's cu_seqlens.
+ATTENTION_WORK_FIELDS = ("sequence", "query_tile", "query_start", "query_end", "key_start", "key_end")
+
 _QKV_MAPS = "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, "
 # wgmma also stores full tiles of O by TMA.
 _ATTENTION_MAPS = {"mma_sync": _QKV_MAPS, "wgmma": _QKV_MAPS + "kgen::TmaDescriptor map_o, "}
@@ -38,7 +43,8 @@ def _attention_prefill(params: Mapping[str, Any]) -> LaunchContract:
         threads=threads,
         dynamic_smem_bytes=SWIZZLE_ALIGNMENT + tile_bytes + ATTENTION_BARRIER_BYTES[mma],
         # The box's span is also its swizzle width.
-        sizes={"q_box_rows": params["tile_m"], "kv_box_rows": params["tile_n"], "box_span_bytes": span_bytes},
+        sizes={"q_box_rows": params["tile_m"], "kv_box_rows": params["tile_n"], "box_span_bytes": span_bytes,
+               "work_fields": len(ATTENTION_WORK_FIELDS)},
         parameters={"attention_prefill": _ATTENTION_PARAMETERS[mma]},
     )
 

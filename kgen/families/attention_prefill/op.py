@@ -40,7 +40,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return_lse: also return the natural-log LSE, fp32 ``[Hq, total_q]``.
         plan: from :func:`plan_attention_varlen` for these cu_seqlens. Without it the op
             plans for itself, which copies cu_seqlens to the host: a device synchronisation,
-            and not capturable in a CUDA graph.
+            and not capturable in a CUDA graph. The kernel addresses by the plan's bounds and
+            checks them against cu_seqlens on the device: every sequence whose bounds there
+            differ from the plan's gets NaN rows (O and LSE); the others are computed as usual.
         out, lse_out: optional preallocated results (contiguous ``[total_q, Hq, D]`` in q's
             dtype, 16-byte aligned, and fp32 ``[Hq, total_q]``).
 
@@ -85,14 +87,13 @@ def _call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, causal, w
 
 
 class _PreparedCall:
-    """A checked call's launch: its arguments by name, all but the addresses set, and the descriptors to patch."""
+    """A checked call's launch: its kernel's launch with all but the addresses bound, and the descriptors to patch."""
 
-    def __init__(self, device_index, launcher, grid, maps, map_args, arguments, work, out_shape, lse_shape):
-        self.device_index, self.launcher, self.grid, self.maps, self.map_args = device_index, launcher, grid, maps, map_args
-        #: Every parameter of the kernel in its contract's order, those fixed for this call set (the work list's
-        #: address among them, so the call keeps ``work`` alive); a copy of it, with the addresses stored over
-        #: their placeholders, keeps that order.
-        self.arguments, self.work, self.out_shape, self.lse_shape = arguments, work, out_shape, lse_shape
+    def __init__(self, device_index, launch, grid, maps, map_args, work, out_shape, lse_shape):
+        #: ``launch`` is the kernel's launch function with every argument but the addresses set (the work list's
+        #: address among them, so the call keeps ``work`` alive); None when there is nothing to compute.
+        self.device_index, self.launch, self.grid, self.maps, self.map_args = device_index, launch, grid, maps, map_args
+        self.work, self.out_shape, self.lse_shape = work, out_shape, lse_shape
 
     def run(self, *args):
         # Descriptors are built and patched on the tensors' device, which need not be the current one.
@@ -104,15 +105,12 @@ class _PreparedCall:
     def _run(self, q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, return_lse):
         out = q.new_empty(self.out_shape) if out is None else out
         lse = q.new_empty(self.lse_shape, dtype=torch.float32) if lse_out is None else lse_out
-        if self.launcher is not None:
-            args, maps, tensors = self.arguments.copy(), self.maps, (q, k, v, out)
-            for name, role, slot in self.map_args:
-                args[name] = maps.get(role, tensors[slot])
-            args["q"], args["k"], args["v"], args["out"], args["lse"] = (
-                q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
-            args["cu_seqlens_q"], args["cu_seqlens_k"] = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
-            args["sink"] = 0 if sink is None else sink.data_ptr()
-            self.launcher.launch(self.grid, **args)
+        if self.launch is not None:
+            maps, tensors = self.maps, (q, k, v, out)
+            self.launch(self.grid, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(), lse=lse.data_ptr(),
+                        cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
+                        sink=0 if sink is None else sink.data_ptr(),
+                        **{name: maps.get(role, tensors[slot]) for name, role, slot in self.map_args})
         return (out, lse) if return_lse else out
 
 
@@ -163,7 +161,7 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
     _check_result("lse_out", lse_out, lse_shape, torch.float32, q)
     num_work = work.shape[0]
     if not (num_work and heads_q):
-        return _PreparedCall(q.device.index, None, None, None, (), None, work, out_shape, lse_shape)
+        return _PreparedCall(q.device.index, None, None, None, (), work, out_shape, lse_shape)
     kernel = contract(plan.variant)
     parameters = kernel.parameters[FAMILY]
     # The kernel's descriptors, map_q, map_k, ... by its parameters: q, k, v, and o where it stores O by TMA;
@@ -173,16 +171,14 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
     # out's layout follows from q's (contiguous, or new), v's shape is k's.
     maps = _descriptors.get((q.device.index, plan.variant.name, q.shape, q.stride(), k.shape, k.stride(), v.stride()),
                             lambda: _tensor_maps(kernel.sizes, roles, total_k))
-    arguments = dict.fromkeys(p.name for p in parameters)
+    window_left, window_right = kernel_window(merged_window, plan.schedule.max_seqlen_q, plan.schedule.max_seqlen_k)
     # The kernel's row strides of out and lse are those of contiguous tensors (checked above, or new).
-    arguments.update(
+    launch = cached_launcher(plan.variant, FAMILY, q.device.index).bound(
         work=work.data_ptr(), heads_per_kv=heads_q // heads_kv, q_stride_t=q.stride(0), q_stride_h=q.stride(1),
         k_stride_t=k.stride(0), k_stride_h=k.stride(1), v_stride_t=v.stride(0), v_stride_h=v.stride(1),
-        o_stride_t=heads_q * head_dim, o_stride_h=head_dim, lse_stride_h=total_q, scale_log2=scale_log2)
-    arguments["window_left"], arguments["window_right"] = kernel_window(
-        merged_window, plan.schedule.max_seqlen_q, plan.schedule.max_seqlen_k)
-    return _PreparedCall(q.device.index, cached_launcher(plan.variant, FAMILY, q.device.index),
-                         (num_work, heads_q), maps, map_args, arguments, work, out_shape, lse_shape)
+        o_stride_t=heads_q * head_dim, o_stride_h=head_dim, lse_stride_h=total_q, scale_log2=scale_log2,
+        window_left=window_left, window_right=window_right)
+    return _PreparedCall(q.device.index, launch, (num_work, heads_q), maps, map_args, work, out_shape, lse_shape)
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, num_seqs: int | None) -> None:

@@ -29,7 +29,9 @@ from kgen.runtime.checks import INT32_LIMIT, check_int, check_seqlens
 class TileSchedule:
     """The work of one varlen prefill launch.
 
-    ``work[i]`` is ``(seq_index, q_tile_index)`` (int32 ``[n, 2]``); ``num_key_tiles[i]``
+    ``work[i]`` is the work item of a query tile, int32 ``[n, 6]``: its sequence, its index in the sequence,
+    and the sequence's bounds ``q_start, q_end, k_start, k_end`` in the packed tokens (the fields
+    :data:`~kgen.families.attention_prefill.contract.ATTENTION_WORK_FIELDS` names); ``num_key_tiles[i]``
     is how many key tiles that query tile visits (int64 ``[n]``; 0 when the mask hides
     every key: its rows are written as zeros with ``lse = -inf``). Arrays, so that a
     batch of thousands of sequences plans with no Python loop per tile (bench/NOTES.md, prefill planner cost).
@@ -116,10 +118,14 @@ def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: in
     n_begin, n_end = _key_tile_bounds(q_tile * tile_m, lq[seq], lk[seq], tile_m=tile_m, tile_n=tile_n, window=merged)
     cost = n_end - n_begin
     order = np.lexsort((q_tile, seq, -cost))
+    # The bounds the plan is made for: the kernel addresses by them, and checks the call's cu_seqlens against them.
+    starts_q, starts_k = np.cumsum(lq) - lq, np.cumsum(lk) - lk
+    bounds = np.stack([starts_q, starts_q + lq, starts_k, starts_k + lk], axis=1)[seq[order]]
     # A length of 0 is a multiple of any tile, so empty sequences never need the has_incomplete_tile variant.
     incomplete = bool(np.any(lq % tile_m) or np.any(lk % tile_n))
     return TileSchedule(
-        work=np.stack([seq[order], q_tile[order]], axis=1).astype(np.int32),
+        work=np.concatenate([np.stack([seq[order], q_tile[order]], axis=1), bounds.reshape(-1, 4)],
+                            axis=1).astype(np.int32),
         num_key_tiles=cost[order],
         max_seqlen_q=int(lq.max(initial=0)),
         max_seqlen_k=int(lk.max(initial=0)),

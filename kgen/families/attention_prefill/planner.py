@@ -46,7 +46,8 @@ class AttentionPlan:
     #: The variant to run: the spec's choice for this head dim, dtype, tail policy and
     #: batch (tile shape), specialised on has_incomplete_tile from the schedule.
     variant: Variant
-    #: The work list (int32 [num_work, 2]: sequence, query tile) on the one device the plan runs on.
+    #: The work list (int32 [num_work, 6]: sequence, query tile and the sequence's bounds; see
+    #: :class:`~kgen.families.attention_prefill.plan.TileSchedule`) on the one device the plan runs on.
     tables: DeviceTables = field(repr=False)
     #: The plan's inputs, the chosen kernel's tile shape included: what :func:`plan_from_recipe`
     #: makes the same plan from.

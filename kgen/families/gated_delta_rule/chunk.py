@@ -92,8 +92,10 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
             reads q/k head i // (HV / H)); bf16 or fp16, contiguous.
         g: fp32 ``[B, T, HV]``, natural-log gates (<= 0; not checked on the device). beta:
             ``[B, T, HV]``, fp32 or q's dtype.
-        cu_seqlens: packed varlen (B = 1): ``[N + 1]`` int32/int64 on q's device. Its values are
-            read from ``plan``; without a plan they are copied to the host (a synchronisation).
+        cu_seqlens: packed varlen (B = 1): ``[N + 1]`` int32/int64 on q's device. The kernels address by
+            ``plan``'s lengths and check them against these on the device: a sequence whose bounds differ from
+            the plan's gets NaN outputs and final state. Without a plan they are copied to the host (a
+            synchronisation).
         initial_state: fp32 ``[N, HV, K, V]`` (``state_layout="kv"``) or ``[N, HV, V, K]`` ("vk").
         output_final_state: also return the states after each sequence, in the same layout.
         use_qk_l2norm_in_kernel: normalise q and k over K first (x / sqrt(sum x^2 + 1e-6)).
@@ -137,6 +139,10 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
             plan = fixed_length_plan(batch, tokens, heads_v, head_dim, device)
     elif not isinstance(plan, ChunkGatedDeltaRulePlan):
         raise TypeError(f"plan: expected a ChunkGatedDeltaRulePlan, got {type(plan).__name__}")
+    elif cu_seqlens is None and plan.cu_seqlens != tuple(tokens * b for b in range(batch + 1)):
+        # Without cu_seqlens the kernels have no lengths to check the plan's against on the device.
+        raise ValueError(f"plan: made for {plan.num_seqs} sequences of other lengths; without cu_seqlens these "
+                         f"tensors are {batch} sequences of {tokens} tokens")
     num_seqs = plan.num_seqs
     expected_seqs = cu_seqlens.numel() - 1 if cu_seqlens is not None else batch
     if (plan.num_heads_v, plan.head_dim, plan.schedule.total_tokens, num_seqs) != (heads_v, head_dim, batch * tokens,
@@ -161,12 +167,13 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         return out, final
     if device.index != current_device():  # descriptors are made on, and for, the current device
         with torch.cuda.device(device.index):
-            return _launch(plan, q, k, v, g, beta, initial_state, out, final, scale, state_layout,
+            return _launch(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
                            use_qk_l2norm_in_kernel)
-    return _launch(plan, q, k, v, g, beta, initial_state, out, final, scale, state_layout, use_qk_l2norm_in_kernel)
+    return _launch(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
+                   use_qk_l2norm_in_kernel)
 
 
-def _launch(plan, q, k, v, g, beta, initial_state, out, final, scale, state_layout, use_qk_l2norm_in_kernel):
+def _launch(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout, use_qk_l2norm_in_kernel):
     """The kernels of chunk_gated_delta_rule on checked inputs, on q's device (the current one)."""
     device = q.device
     heads, head_dim, heads_v = q.shape[2], q.shape[3], v.shape[2]
@@ -199,7 +206,9 @@ def _launch(plan, q, k, v, g, beta, initial_state, out, final, scale, state_layo
     forward = {
         "map_q": maps.get("q", tiled[0]), "map_k": maps.get("k", tiled[1]), "map_v": maps.get("v", tiled[2]),
         "map_tbeta": maps.get("t", tiled[3]), "q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(),
-        "g": g.data_ptr(), "tbeta": tbeta.data_ptr(), "segments": segments.data_ptr(), "initial_state": initial,
+        "g": g.data_ptr(), "tbeta": tbeta.data_ptr(), "segments": segments.data_ptr(),
+        "cu_seqlens": 0 if cu_seqlens is None else cu_seqlens.data_ptr(),
+        "cu_seqlens_is_int64": int(cu_seqlens is not None and cu_seqlens.dtype is torch.int64), "initial_state": initial,
         "start_states": 0 if starts is None else starts.data_ptr(), "summary": 0, "out": out.data_ptr(),
         "final_state": 0 if final is None else final.data_ptr(), "num_heads": heads, "num_heads_v": heads_v,
         "scale": np.float32(scale), "use_qk_l2norm": l2norm}

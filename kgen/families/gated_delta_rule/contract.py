@@ -35,10 +35,14 @@ def _gated_delta_rule_kkt(params: Mapping[str, Any]) -> LaunchContract:
 _GDN_RECURRENCE_PARAMETERS = parameters(
     "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, kgen::TmaDescriptor map_tbeta, "
     "const T* q, const T* k, const T* v, const float* g, const T* tbeta, const int* segments, "
-    "const float* initial_state, const float* start_states, float* summary, T* out, float* final_state, "
+    "const void* cu_seqlens, long long cu_seqlens_is_int64, const float* initial_state, const float* start_states, float* summary, T* out, float* final_state, "
     "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm")
-#: Fields of a segment row (the planner writes them, the recurrence reads them).
-GDN_SEGMENT_FIELDS = 8
+#: Fields of a segment row, as the planner writes them and the recurrence reads them (recurrence.cuh's
+#: SegmentField): the segment's tokens and chunks, its summary and start-state slots (-1: none), whether it
+#: writes its sequence's final state, and its sequence's first token, which with ``end_token`` are the bounds
+#: the kernel checks the call's cu_seqlens against.
+GDN_SEGMENT_FIELDS = ("sequence", "first_token", "end_token", "first_chunk", "chunks", "summary_slot", "start_slot",
+                      "writes_final", "sequence_start")
 #: The chain's block: value columns per block and threads.
 GDN_CHAIN_COLUMNS, GDN_CHAIN_THREADS = 32, 256
 
@@ -52,7 +56,7 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
     small_bytes = -(-(5 * 8 + 2 * chunk * 4) // 64) * 64
     return LaunchContract(
         threads=params["num_warps"] * 32, dynamic_smem_bytes=SWIZZLE_ALIGNMENT + elements * itemsize + small_bytes,
-        sizes={"value_slice": slice_v, "chunk": chunk, "segment_fields": GDN_SEGMENT_FIELDS, "box_span_bytes": 128,
+        sizes={"value_slice": slice_v, "chunk": chunk, "segment_fields": len(GDN_SEGMENT_FIELDS), "box_span_bytes": 128,
                "chain_columns": GDN_CHAIN_COLUMNS, "chain_threads": GDN_CHAIN_THREADS},
         parameters={"gated_delta_rule_chunk": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_summary": _GDN_RECURRENCE_PARAMETERS,

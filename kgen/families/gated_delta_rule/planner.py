@@ -23,6 +23,7 @@ from kgen.runtime.dispatch import SpecPathMemo, contract
 from kgen.runtime.tables import DeviceTables
 
 CHUNK_FAMILY = "gated_delta_rule_chunk"
+_SUMMARY_SLOT, _CHUNKS = GDN_SEGMENT_FIELDS.index("summary_slot"), GDN_SEGMENT_FIELDS.index("chunks")
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,8 +33,9 @@ class ChunkGatedDeltaRulePlan:
     Tables live on the host until first used on a device (or at once with ``device=``); plan
     with ``device=`` before capturing a CUDA graph, since the first use copies them. A captured
     graph reads the tables where they are: keep the plan alive as long as the graph. The op checks
-    a plan against its tensors' sequence count and total tokens only (the lengths themselves are
-    on the device): a plan made for other lengths with the same totals gives wrong results.
+    a plan against its tensors' sequence count and total tokens (the lengths themselves are on the
+    device); the kernels address by the plan's bounds and check them against ``cu_seqlens`` on the
+    device: a sequence whose bounds there differ from the plan's gets NaN outputs and final state.
     """
 
     def __repr__(self) -> str:
@@ -51,7 +53,7 @@ class ChunkGatedDeltaRulePlan:
     cu_seqlens: tuple[int, ...]
     #: int32 [chunks, 2]: first token, tokens (at most the chunk size) of every chunk.
     chunks: np.ndarray
-    #: int32 [segments, GDN_SEGMENT_FIELDS]: every segment (empty sequences as segments of 0
+    #: int32 [segments, len(GDN_SEGMENT_FIELDS)]: every segment (empty sequences as segments of 0
     #: chunks, so that their final state is written), the longest first.
     segments: np.ndarray
     #: The rows of ``segments`` whose summary a later segment needs.
@@ -159,7 +161,7 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
     plan = ChunkGatedDeltaRulePlan(schedule=schedule, num_heads_v=num_heads_v, head_dim=head_dim,
                                    value_slice=recurrence.value_slice, cu_seqlens=tuple(starts.tolist()),
                                    chunks=_chunk_table(schedule, starts), segments=rows,
-                                   summary_segments=rows[rows[:, 5] >= 0], chains=chains, num_summaries=num_summaries)
+                                   summary_segments=rows[rows[:, _SUMMARY_SLOT] >= 0], chains=chains, num_summaries=num_summaries)
     if device is not None:
         plan.tables.on(device)
     return plan
@@ -190,12 +192,13 @@ def _segment_tables(schedule: ChunkSchedule, lengths: np.ndarray, starts: np.nda
     rows = np.stack([seq, starts[seq] + schedule.chunk * by_sequence[:, 1], starts[seq + 1],
                      schedule.chunk_offsets[seq] + by_sequence[:, 1], by_sequence[:, 2],
                      np.where(last, -1, base[seq] + j), np.where(j > 0, base[seq] + j - 1, -1),
-                     last.astype(np.int64)], axis=1)
+                     last.astype(np.int64), starts[seq]], axis=1)
     empty = np.flatnonzero(lengths == 0)
     empty_rows = np.stack([empty, starts[empty], starts[empty], np.zeros_like(empty), np.zeros_like(empty),
-                           -np.ones_like(empty), -np.ones_like(empty), np.ones_like(empty)], axis=1)
-    rows = np.concatenate([rows.reshape(-1, GDN_SEGMENT_FIELDS), empty_rows.reshape(-1, GDN_SEGMENT_FIELDS)])
-    rows = rows[np.argsort(-rows[:, 4], kind="stable")].astype(np.int32)  # the longest first
+                           -np.ones_like(empty), -np.ones_like(empty), np.ones_like(empty), starts[empty]], axis=1)
+    fields = len(GDN_SEGMENT_FIELDS)
+    rows = np.concatenate([rows.reshape(-1, fields), empty_rows.reshape(-1, fields)])
+    rows = rows[np.argsort(-rows[:, _CHUNKS], kind="stable")].astype(np.int32)  # the longest first
     split = np.flatnonzero(pieces > 1)
     chains = np.stack([split, base[split], pieces[split] - 1], axis=1).astype(np.int32).reshape(-1, 3)
     return rows, chains, int(base[-1])
