@@ -1,0 +1,82 @@
+"""Device time of kgen's prefill and chunked gated delta rule at a few shapes, for an A/B of two source trees.
+
+Run it once per tree, alternating (a change's cost is its share of the difference between the trees' times,
+which drift together over a run), and compare the JSON lines:
+
+    for tree in before after before after; do PYTHONPATH=$tree python3 tools/ab_kernels.py --label $tree; done
+
+Each line: label, case, median microseconds per call of CUDA-graph replays (bench/common.time_graph).
+Inputs and plans are made once per case, outside the timed region; only the ops' public API is used, so
+any tree with that API can be measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+# kgen first, from PYTHONPATH's tree: bench/common puts this checkout's root on sys.path when imported.
+import kgen
+from kgen.ops import attention_varlen, chunk_gated_delta_rule, plan_attention_varlen, plan_chunk_gated_delta_rule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from common import time_graph  # noqa: E402
+
+#: (name, lengths, heads, head_dim, causal)
+PREFILL = [("prefill hd128 2x8192 causal", [8192] * 2, 16, 128, True),
+           ("prefill hd128 2x8192", [8192] * 2, 16, 128, False),
+           ("prefill hd128 8x2048 causal", [2048] * 8, 16, 128, True),
+           ("prefill hd64 4x4096 causal", [4096] * 4, 32, 64, True),
+           ("prefill hd128 64 short causal", [50 + (37 * i) % 250 for i in range(64)], 16, 128, True)]
+#: (name, lengths, H, HV)
+GDN = [("gdn 1x32768 16/32", [32768], 16, 32), ("gdn 4x8192 16/32", [8192] * 4, 16, 32),
+       ("gdn 8x1024 16/32", [1024] * 8, 16, 32), ("gdn 1x2048 32/32", [2048], 32, 32)]
+
+
+def cumulative(lengths: list[int]) -> list[int]:
+    return [0, *torch.tensor(lengths).cumsum(0).tolist()]
+
+
+def prefill_us(lengths, heads, head_dim, causal) -> float:
+    cu_host = cumulative(lengths)
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn((cu_host[-1], heads, head_dim), device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    plan = plan_attention_varlen(cu_host, cu_host, head_dim=head_dim, causal=causal, device="cuda")
+    out = torch.empty_like(q)
+    return 1e3 * time_graph(lambda: attention_varlen(q, k, v, cu, cu, causal=causal, plan=plan, out=out))
+
+
+def gdn_us(lengths, heads, heads_v) -> float:
+    cu_host = cumulative(lengths)
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    total = cu_host[-1]
+    q, k = (torch.nn.functional.normalize(torch.randn((1, total, heads, 128), device="cuda"), dim=-1).to(torch.bfloat16)
+            for _ in range(2))
+    v = torch.randn((1, total, heads_v, 128), device="cuda", dtype=torch.bfloat16)
+    g = -torch.nn.functional.softplus(torch.randn((1, total, heads_v), device="cuda"))
+    beta = torch.rand((1, total, heads_v), device="cuda")
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=heads_v, device="cuda")
+    out = torch.empty_like(v)
+    return 1e3 * time_graph(lambda: chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, plan=plan, out=out,
+                                                           output_final_state=True), replays_per_sample=20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", required=True, help="the tree's name in the output")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(json.dumps({"label": args.label, "kgen": str(Path(kgen.__file__).resolve().parent)}), flush=True)
+    for name, lengths, heads, head_dim, causal in PREFILL:
+        print(json.dumps({"label": args.label, "case": name, "us": round(prefill_us(lengths, heads, head_dim, causal), 2)}),
+              flush=True)
+    for name, lengths, heads, heads_v in GDN:
+        print(json.dumps({"label": args.label, "case": name, "us": round(gdn_us(lengths, heads, heads_v), 2)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
