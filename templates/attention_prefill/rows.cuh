@@ -23,9 +23,9 @@ enum WorkField { kSequence, kQueryTile, kQueryStart, kQueryEnd, kKeyStart, kKeyE
 //
 // The sequence's bounds are the plan's, which the host checked against the tensors, so nothing is
 // addressed outside them whatever the call's cu_seqlens hold. Where those differ from the plan's
-// bounds of the sequence (a plan used for other lengths), the tile visits no key tile and its rows'
-// sums start at NaN, so their O and LSE come out NaN: the misuse shows instead of a finite, wrong
-// result. Every tile of a sequence whose bounds moved does this, so all its rows are NaN.
+// bounds of the sequence (a plan used for other lengths), the tile's rows' softmax sums start at NaN,
+// so their O and LSE come out NaN: the misuse shows instead of a finite, wrong result. Every tile of a
+// sequence whose bounds moved does this, so all its rows are NaN.
 template <int kTileM, int kTileN, bool kHasIncompleteTile>
 struct TileWork {
     int head, kv_head, q_start, lq, k_start, lk, row0, row_last, n_begin, n_end;
@@ -45,16 +45,21 @@ struct TileWork {
     __device__ static __forceinline__ TileWork of_block(const int* work, const int* cu_seqlens_q, const int* cu_seqlens_k,
                                                         long long heads_per_kv, long long window_left, long long window_right) {
         TileWork t;
-        const int* const item = work + kWorkFields * blockIdx.x;
-        const int seq = item[kSequence], q_tile = item[kQueryTile];
+        // The item as three 8-byte pairs (sequence and tile, query bounds, key bounds): rows of 24 bytes.
+        static_assert(kWorkFields == 6 && kQueryTile == kSequence + 1 && kQueryStart % 2 == 0 && kKeyStart % 2 == 0 &&
+                      kQueryEnd == kQueryStart + 1 && kKeyEnd == kKeyStart + 1, "work items are three int pairs");
+        const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * blockIdx.x);
+        const int2 index = item[kSequence / 2], q_bounds = item[kQueryStart / 2], k_bounds = item[kKeyStart / 2];
+        const int seq = index.x, q_tile = index.y;
         t.head = blockIdx.y;
         t.kv_head = t.head / static_cast<int>(heads_per_kv);
-        t.q_start = item[kQueryStart];
-        t.lq = item[kQueryEnd] - t.q_start;
-        t.k_start = item[kKeyStart];
-        t.lk = item[kKeyEnd] - t.k_start;
-        t.matches_plan = cu_seqlens_q[seq] == t.q_start && cu_seqlens_q[seq + 1] == item[kQueryEnd] &&
-                         cu_seqlens_k[seq] == t.k_start && cu_seqlens_k[seq + 1] == item[kKeyEnd];
+        t.q_start = q_bounds.x;
+        t.lq = q_bounds.y - q_bounds.x;
+        t.k_start = k_bounds.x;
+        t.lk = k_bounds.y - k_bounds.x;
+        // Loads and addresses never wait for this: only the rows' starting sums do (see initial_sum).
+        t.matches_plan = (cu_seqlens_q[seq] == q_bounds.x) & (cu_seqlens_q[seq + 1] == q_bounds.y) &
+                         (cu_seqlens_k[seq] == k_bounds.x) & (cu_seqlens_k[seq + 1] == k_bounds.y);
         t.mask = Mask{t.lk, t.lk - t.lq, static_cast<int>(window_left), static_cast<int>(window_right)};
         t.row0 = q_tile * kTileM;
         t.row_last = min(t.row0 + kTileM, t.lq) - 1;
@@ -65,7 +70,6 @@ struct TileWork {
             const int last_key = t.row_last + t.mask.offset + t.mask.window_right;
             t.n_end = min(t.n_end, last_key < 0 ? 0 : last_key / kTileN + 1);
         }
-        if (!t.matches_plan) t.n_end = t.n_begin;
         return t;
     }
 };
