@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from kgen import ops
 from kgen.ops import plan_attention_decode, plan_attention_varlen, plan_chunk_gated_delta_rule
 
 CU = [0, 100, 300]
@@ -145,3 +146,26 @@ def test_a_planner_given_odd_values_refuses_them_naming_the_argument(data, plann
         plan(cu, **kwargs)
     except (ValueError, TypeError) as exc:
         assert re.match(r"^([a-z_0-9]+(\[\d+\])?|plan|device): ", str(exc)), f"{planner}({cu!r}, {kwargs}): {exc}"
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda t, g: ops.attention_varlen(t, t, t, g, g, sink=torch.zeros(2, requires_grad=True)), "sink"),
+    (lambda t, g: ops.merge_attention_states(t, g, t, torch.zeros(4, 2, requires_grad=True)), "lse_b"),
+    (lambda t, g: ops.attention_decode(t.requires_grad_(), t, t, g), "q"),
+])
+def test_a_tensor_that_requires_grad_is_refused_by_its_name(call, name):
+    # Before any device check, so CPU tensors show it.
+    with pytest.raises(ValueError, match=rf"^{name}: requires grad, and \w+ has no backward"):
+        call(torch.zeros(4, 2, 64), torch.zeros(4, 2))
+
+
+def test_return_lse_is_a_bool():
+    t = torch.zeros(4, 2, 64)
+    with pytest.raises(TypeError, match="^return_lse: expected a bool, got 'no'"):
+        ops.attention_varlen(t, t, t, torch.zeros(2), torch.zeros(2), return_lse="no")
+
+
+def test_the_decode_planner_refuses_lengths_on_a_device():
+    with pytest.raises(ValueError, match="^seqlens_k: expected a CPU tensor or a list of ints, got a tensor on meta"):
+        plan_attention_decode(torch.zeros(2, dtype=torch.int32, device="meta"), num_heads_q=8, num_heads_kv=2,
+                              head_dim=128)

@@ -162,6 +162,9 @@ def fused_recurrent_gated_delta_rule(
         return _ops.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                            output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     batch, tokens, heads_v = v.shape[:3]
+    for name, t in (("q", q), ("k", k)):  # the one-token path below reads token 0 alone: check them all here
+        if t.shape[:2] != (batch, tokens):
+            raise ValueError(f"{name}: expected [B, T, H, K] with v's B={batch} and T={tokens}, got {tuple(t.shape)}")
     if g is None:
         g = torch.zeros((batch, tokens, heads_v), dtype=torch.float32, device=v.device)
     else:

@@ -112,11 +112,19 @@ def check_plan_device(device) -> torch.device | None:
     return cuda_device(found)
 
 
-def refuse_grad(op: str, *tensors) -> None:
-    """No kgen op has a backward: tensors that require grad, in a grad-enabled context, are refused, not detached
-    (anything not a tensor is left to the argument checks)."""
+class NoBackwardError(RuntimeError, ValueError):
+    """A tensor that requires grad, given to an op with no backward: a RuntimeError as autograd's own refusals
+    are, and a ValueError as kgen's refusals of an argument are."""
+
+
+def refuse_grad(op: str, names: tuple[str, ...], *tensors) -> None:
+    """No kgen op has a backward: tensors that require grad, in a grad-enabled context, are refused (by their
+    argument's name in ``names``), not detached; anything not a tensor is left to the argument checks. Positional,
+    with the names a constant, so that the common call builds nothing."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
-        raise RuntimeError(f"{op} has no backward: call it under torch.no_grad() or on detached tensors")
+        name = next(n for n, t in zip(names, tensors) if isinstance(t, torch.Tensor) and t.requires_grad)
+        raise NoBackwardError(f"{name}: requires grad, and {op} has no backward: call it under torch.no_grad() or on "
+                              f"detached tensors")
 
 
 def check_sink(sink, heads_q: int, device: torch.device) -> None:
@@ -141,6 +149,21 @@ def softmax_scale_log2(softmax_scale, head_dim: int) -> np.float32:
     return np.float32(scale * _LOG2E)
 
 
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {value!r}")
+    return value
+
+
+def check_host_tensor(name: str, t: torch.Tensor) -> None:
+    """Plans are built from host data: a CUDA tensor would force a device->host sync."""
+    if t.is_cuda:
+        raise ValueError(f"{name}: plans are built from host data, and reading a CUDA tensor "
+                         f"would force a device->host sync; pass a CPU tensor or a list of ints instead")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name}: expected a CPU tensor or a list of ints, got a tensor on {t.device}")
+
+
 def seqlens_from_cu(cu: Sequence[int] | torch.Tensor, name: str) -> list[int]:
     """The sequence lengths described by cumulative lengths ``cu`` (``[0, n0, n0 + n1, ...]``).
 
@@ -148,11 +171,7 @@ def seqlens_from_cu(cu: Sequence[int] | torch.Tensor, name: str) -> list[int]:
     is the argument's name for error messages.
     """
     if isinstance(cu, torch.Tensor):
-        if cu.is_cuda:
-            raise ValueError(f"{name}: attention plans are built from host data, and reading a CUDA tensor "
-                             f"would force a device->host sync; pass a CPU tensor or a list of ints instead")
-        if cu.device.type != "cpu":
-            raise ValueError(f"{name}: expected a CPU tensor or a list of ints, got a tensor on {cu.device}")
+        check_host_tensor(name, cu)
         if cu.dim() != 1:
             raise ValueError(f"{name}: expected a 1-D tensor, got shape {tuple(cu.shape)}")
         if cu.dtype not in _CU_DTYPES:

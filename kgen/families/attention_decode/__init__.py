@@ -18,7 +18,7 @@ OPS = ("attention_decode",)
 
 def attention_decode(q, k_cache, v_cache, seqlens_k, *, block_table=None, window_left=-1, sink=None,
                      softmax_scale=None, return_lse=False, plan=None, out=None):
-    refuse_grad("attention_decode", q, k_cache, v_cache)
+    refuse_grad("attention_decode", ("q", "k_cache", "v_cache", "sink"), q, k_cache, v_cache, sink)
     if torch.compiler.is_compiling():
         return library.attention_decode(q, k_cache, v_cache, seqlens_k, block_table=block_table, window_left=window_left,
                                         sink=sink, softmax_scale=softmax_scale, return_lse=return_lse, plan=plan, out=out)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from kgen.families.attention_decode.planner import FAMILY, DecodePlan, plan_attention_decode
-from kgen.runtime.checks import check_rows, check_shape, check_sink, check_tensor, softmax_scale_log2
+from kgen.runtime.checks import (check_bool, check_int, check_rows, check_shape, check_sink, check_tensor,
+                                 softmax_scale_log2)
 from kgen.runtime.device import sm_count
 from kgen.runtime.dispatch import cached_launcher, contract, spec_dtypes
 from kgen.runtime.tma import DescriptorCache, TensorMaps
@@ -78,6 +79,8 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                              f"{tuple(block_table.shape)}, strides {block_table.stride()}")
     check_sink(sink, heads_q, device)
     scale_log2 = softmax_scale_log2(softmax_scale, head_dim)
+    check_int("window_left", window_left, minimum=-1)
+    check_bool("return_lse", return_lse)
     page_size = k_cache.shape[1] if paged else None
     if plan is None:
         plan = plan_attention_decode(seqlens_k.cpu(), num_heads_q=heads_q, num_heads_kv=heads_kv, head_dim=head_dim,
@@ -94,8 +97,10 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                          "; this call has " + ", ".join(f"{n}={g}" for n, m, g in zip(names, made, given) if m != g))
     capacity = k_cache.shape[1] * (block_table.shape[1] if paged else 1)
     if plan.max_seqlen_k > capacity:
-        raise ValueError(f"k_cache: the plan is for requests of up to {plan.max_seqlen_k} keys; the cache holds "
-                         f"{capacity} per request")
+        holds = (f"block_table gives each request {block_table.shape[1]} pages of {page_size} keys" if paged
+                 else f"the cache holds {capacity} keys per request")
+        raise ValueError(f"{'block_table' if paged else 'k_cache'}: the plan is for requests of up to "
+                         f"{plan.max_seqlen_k} keys; {holds}")
     result_shape = tuple(q.shape)
     if out is None:
         out = q.new_empty(result_shape)

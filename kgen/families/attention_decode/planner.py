@@ -18,7 +18,7 @@ from kgen.families.attention_decode.contract import DECODE_ROWS_PER_BLOCK
 from kgen.families.attention_decode.recipe import DecodeRecipe
 from kgen.families.attention_decode.splits import SplitPlan, max_request_tiles, plan_splits, request_tiles
 from kgen.registry import UnsupportedVariantError, Variant
-from kgen.runtime.checks import INT32_LIMIT, check_int, check_plan_device, check_seqlens
+from kgen.runtime.checks import INT32_LIMIT, check_host_tensor, check_int, check_plan_device, check_seqlens
 from kgen.runtime.device import GRID_X_LIMIT, GRID_YZ_LIMIT, sm_count
 from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, full_tiles_twin, kept_allocations, spec_dtypes
 from kgen.runtime.tables import DeviceTables
@@ -124,6 +124,7 @@ def plan_attention_decode(seqlens_k, *, num_heads_q: int, num_heads_kv: int, hea
         device: allocate the split workspace there now (needed before a CUDA-graph capture).
     """
     if isinstance(seqlens_k, torch.Tensor):
+        check_host_tensor("seqlens_k", seqlens_k)
         seqlens_k = seqlens_k.tolist()
     lengths = check_seqlens("seqlens_k", seqlens_k)
     check_int("num_heads_kv", num_heads_kv, minimum=1, maximum=GRID_YZ_LIMIT)  # KV heads are the grid's y

@@ -20,7 +20,7 @@ OPS = ("attention_varlen",)
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, window=(-1, -1), sink=None,
                      softmax_scale=None, return_lse=False, plan=None, out=None, lse_out=None):
-    refuse_grad("attention_varlen", q, k, v)
+    refuse_grad("attention_varlen", ("q", "k", "v", "sink"), q, k, v, sink)
     if torch.compiler.is_compiling():
         return library.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, sink=sink,
                                         softmax_scale=softmax_scale, return_lse=return_lse, plan=plan, out=out,

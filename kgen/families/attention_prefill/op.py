@@ -15,7 +15,7 @@ from kgen.families.attention_prefill.plan import validate_window
 from kgen.families.attention_prefill.planner import FAMILY, AttentionPlan, plan_attention_varlen, planning_sm
 from kgen.launch import current_device
 from kgen.runtime import tma
-from kgen.runtime.checks import check_rows, check_sink, check_tensor, softmax_scale_log2
+from kgen.runtime.checks import check_bool, check_rows, check_sink, check_tensor, softmax_scale_log2
 from kgen.runtime.device import GRID_YZ_LIMIT
 from kgen.runtime.dispatch import cached_launcher, contract, spec_dtypes
 
@@ -53,6 +53,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     # A call shaped like an earlier one of the same plan (layouts, dtypes, devices, options, calling
     # thread) reuses what the checks established and launches with the new addresses: the hot path of
     # a model. Anything unusual (no plan, options of unusual types) takes the checks every time.
+    if type(return_lse) is not bool:
+        check_bool("return_lse", return_lse)
     key = _call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, causal, window, softmax_scale)
     prepared = plan._prepared.get(key) if key is not None and isinstance(plan, AttentionPlan) else None
     if (prepared is None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15

@@ -20,7 +20,8 @@ OPS = ("chunk_gated_delta_rule", "gated_delta_rule_step")
 
 def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                            cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_layout="kv", plan=None, out=None):
-    refuse_grad("chunk_gated_delta_rule", q, k, v, g, beta, initial_state)
+    refuse_grad("chunk_gated_delta_rule", ("q", "k", "v", "g", "beta", "initial_state"),
+                q, k, v, g, beta, initial_state)
     if torch.compiler.is_compiling():
         return library.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                               output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -34,7 +35,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
 
 def gated_delta_rule_step(q, k, v, g, beta, state, *, scale=None, state_indices=None, state_layout="kv",
                           use_qk_l2norm_in_kernel=False, out=None):
-    refuse_grad("gated_delta_rule_step", q, k, v, g, beta, state)
+    refuse_grad("gated_delta_rule_step", ("q", "k", "v", "g", "beta", "state"), q, k, v, g, beta, state)
     if torch.compiler.is_compiling():
         return library.gated_delta_rule_step(q, k, v, g, beta, state, scale=scale, state_indices=state_indices,
                                              state_layout=state_layout, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,

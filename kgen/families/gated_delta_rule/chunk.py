@@ -29,7 +29,7 @@ from kgen.families.gated_delta_rule.planner import (CHUNK_FAMILY, NEGLIGIBLE_LOG
                                                     fixed_length_plan, plan_chunk_gated_delta_rule)
 from kgen.launch import KernelLauncher, current_device
 from kgen.runtime import tma
-from kgen.runtime.checks import INT32_LIMIT, check_dense_rows, check_scale, check_shape, check_tensor
+from kgen.runtime.checks import INT32_LIMIT, check_bool, check_dense_rows, check_scale, check_shape, check_tensor
 from kgen.runtime.device import GRID_YZ_LIMIT
 from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, incomplete_tile_pair, launcher
 
@@ -123,15 +123,17 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         check_dense_rows(name, t)
     if state_layout not in axes.state_layouts:
         raise ValueError(f"state_layout: expected one of {axes.state_layouts}, got {state_layout!r}")
-    for name, flag in (("output_final_state", output_final_state), ("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name}: expected a bool, got {flag!r}")
+    check_bool("output_final_state", output_final_state)
+    check_bool("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
     scale = head_dim ** -0.5 if scale is None else check_scale("scale", scale)
 
     if cu_seqlens is not None:
         if batch != 1:
             raise ValueError(f"cu_seqlens: packed varlen takes B = 1, got B = {batch}")
         check_tensor("cu_seqlens", cu_seqlens, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
+        if not cu_seqlens.is_contiguous():  # the kernels read it with unit stride
+            raise ValueError("cu_seqlens: expected a contiguous tensor")
+
     if plan is None:
         if cu_seqlens is not None:  # the lengths are on the device: a synchronisation
             plan = plan_chunk_gated_delta_rule(cu_seqlens.cpu(), num_heads_v=heads_v, head_dim=head_dim)
@@ -144,6 +146,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         raise ValueError(f"plan: made for {plan.num_seqs} sequences of other lengths; without cu_seqlens these "
                          f"tensors are {batch} sequences of {tokens} tokens")
     num_seqs = plan.num_seqs
+    if cu_seqlens is not None and cu_seqlens.shape[0] != num_seqs + 1:
+        raise ValueError(f"cu_seqlens: the plan is for {num_seqs} sequences ({num_seqs + 1} entries), got "
+                         f"{cu_seqlens.shape[0]}")
     expected_seqs = cu_seqlens.numel() - 1 if cu_seqlens is not None else batch
     if (plan.num_heads_v, plan.head_dim, plan.schedule.total_tokens, num_seqs) != (heads_v, head_dim, batch * tokens,
                                                                                     expected_seqs):

@@ -17,7 +17,7 @@ import torch
 from kgen import registry
 from kgen.families.gated_delta_rule.contract import GDN_SEGMENT_FIELDS
 from kgen.families.gated_delta_rule.schedule import ChunkSchedule, RecurrenceCosts, plan_chunks
-from kgen.runtime.checks import INT32_LIMIT, check_plan_device, check_int, seqlens_from_cu
+from kgen.runtime.checks import INT32_LIMIT, check_bool, check_int, check_plan_device, seqlens_from_cu
 from kgen.runtime.device import GRID_YZ_LIMIT, sm_count
 from kgen.runtime.dispatch import SpecPathMemo, contract
 from kgen.runtime.tables import DeviceTables
@@ -150,8 +150,7 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
     seqlens = seqlens_from_cu(cu_seqlens, "cu_seqlens")
     check_int("num_heads_v", num_heads_v, minimum=1, maximum=GRID_YZ_LIMIT)
     check_int("head_dim", head_dim, minimum=1)
-    if not isinstance(exact_split, bool):
-        raise TypeError(f"exact_split: expected a bool, got {exact_split!r}")
+    check_bool("exact_split", exact_split)
     for name, value in (("tile_n", tile_n), ("segment_chunks", segment_chunks)):
         if value is not None:
             check_int(name, value, minimum=1)

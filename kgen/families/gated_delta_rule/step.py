@@ -14,7 +14,7 @@ import torch
 from kgen import registry
 from kgen.families.gated_delta_rule.axes import spec_axes
 from kgen.launch import KernelLauncher
-from kgen.runtime.checks import check_dense_rows, check_scale, check_shape, check_tensor
+from kgen.runtime.checks import check_bool, check_dense_rows, check_scale, check_shape, check_tensor
 from kgen.runtime.device import GRID_YZ_LIMIT
 from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, launcher
 
@@ -93,8 +93,7 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         _check_contiguous(name, t)
     check_dense_rows("state", state)  # contiguous and 16-byte aligned: the kernel moves it in float4s
     scale = head_dim ** -0.5 if scale is None else check_scale("scale", scale)
-    if not isinstance(use_qk_l2norm_in_kernel, bool):
-        raise TypeError(f"use_qk_l2norm_in_kernel: expected a bool, got {use_qk_l2norm_in_kernel!r}")
+    check_bool("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
 
     if out is None:
         out = v.new_empty((batch, heads_v, head_dim))

@@ -18,14 +18,14 @@ OPS = ("merge_attention_states", "merge_attention_states_n")
 
 
 def merge_attention_states(v_a, lse_a, v_b, lse_b, *, out=None, lse_out=None):
-    refuse_grad("merge_attention_states", v_a, v_b)
+    refuse_grad("merge_attention_states", ("v_a", "lse_a", "v_b", "lse_b"), v_a, lse_a, v_b, lse_b)
     if torch.compiler.is_compiling():
         return library.merge_attention_states(v_a, lse_a, v_b, lse_b, out=out, lse_out=lse_out)
     return op.merge_attention_states(v_a, lse_a, v_b, lse_b, out=out, lse_out=lse_out)
 
 
 def merge_attention_states_n(v, lse, *, out=None, lse_out=None):
-    refuse_grad("merge_attention_states_n", v)
+    refuse_grad("merge_attention_states_n", ("v", "lse"), v, lse)
     if torch.compiler.is_compiling():
         return library.merge_attention_states_n(v, lse, out=out, lse_out=lse_out)
     return op.merge_attention_states_n(v, lse, out=out, lse_out=lse_out)
