@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cuda.bindings import nvrtc
 
-_FORM = re.compile(r"sm_([1-9][0-9]*)([af]?)")
+_FORM = re.compile(r"sm_([1-9][0-9]{0,3})([af]?)")  # at most 4 digits: int() of a longer run is refused by Python
 #: The first arch number each suffix exists for (NVRTC refuses sm_90f and sm_89a).
 _SUFFIX_FROM = {"": 0, "a": 90, "f": 100}
 

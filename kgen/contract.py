@@ -109,10 +109,14 @@ def contract_functions(host: str) -> Mapping[str, ContractFunction]:
     except ModuleNotFoundError as exc:
         if exc.name is not None and (f"{host}.contract" == exc.name or f"{host}.contract".startswith(exc.name + ".")):
             raise ContractError(f"host package {host!r} has no module {host}.contract (is it on sys.path?)") from None
-        raise
+        raise ContractError(f"host package {host!r}: importing {host}.contract failed: {type(exc).__name__}: {exc}"
+                            ) from None
+    except Exception as exc:  # noqa: BLE001 - the host package is the user's code: its error, in one line
+        raise ContractError(f"host package {host!r}: importing {host}.contract failed: {type(exc).__name__}: {exc}"
+                            ) from None
     found = getattr(module, "CONTRACTS", None)
-    if not isinstance(found, Mapping):
-        raise ContractError(f"{host}.contract has no CONTRACTS mapping (family name -> contract function)")
+    if not isinstance(found, Mapping) or not all(callable(f) for f in found.values()):
+        raise ContractError(f"{host}.contract has no CONTRACTS mapping of family names to contract functions")
     return found
 
 

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from kgen import config
-from kgen.spec import SpecFile, load_spec_file
-from kgen.spec_schema import MAX_VARIANTS
+from kgen.spec import SpecError, SpecFile, load_spec_file
+from kgen.spec_schema import MAX_VARIANTS, yaml_spelling
 
 
 class UnsupportedVariantError(ValueError):
@@ -49,11 +49,6 @@ class SpecPathError(FileNotFoundError, ValueError):
 
 #: Family-wide keys: the file naming the template sets them, another may only repeat them.
 _FAMILY_KEYS = ("entries", "host", "allow_spills", "min_sm", "sm_only", "score_cost", "defaults")
-
-
-def _yaml_spelling(value: Any) -> str:
-    """An axis value as the family-wide tables key it: as YAML spells it (``true``, ``wgmma``, ``128``)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True)
@@ -81,7 +76,7 @@ class Variant:
         """The cost of a unit of this variant's work relative to others, by its spec's ``score_cost`` (1 by default)."""
         cost = 1.0
         for axis, table in self.family.score_cost.items():
-            cost *= table.get(_yaml_spelling(self.param_dict.get(axis)), 1.0)
+            cost *= table.get(yaml_spelling(self.param_dict.get(axis)), 1.0)
         return cost
 
     def arch_refusal(self, sm: int) -> str | None:
@@ -91,7 +86,7 @@ class Variant:
             return f"need sm_{family.min_sm} or newer (min_sm in its spec)"
         for axis, table in family.sm_only.items():
             value = self.param_dict.get(axis)
-            only = table.get(_yaml_spelling(value))
+            only = table.get(yaml_spelling(value))
             if only is not None and sm not in only:
                 return f"with {axis}={value} run on {', '.join(f'sm_{n}' for n in only)} only (sm_only in its spec)"
         return None
@@ -129,11 +124,13 @@ class Family:
         """The values of ``axis`` over the variants that agree with ``fixed``, sorted."""
         return sorted(self.axis_values(axis, **fixed), key=lambda x: (type(x).__name__, x))
 
-    def select(self, **required: Any) -> Variant:
+    def select(self, /, **required: Any) -> Variant:
         """The variant for these axis values, or an error listing what is supported."""
+        # Checked here first: a caller's key (kgen render's, say) must not reach preferred's own group_by.
+        self._check_axes(required)
         return self.preferred(**required)[0]
 
-    def preferred(self, *, group_by: tuple[str, ...] = (), **required: Any) -> list[Variant]:
+    def preferred(self, /, *, group_by: tuple[str, ...] = (), **required: Any) -> list[Variant]:
         """The variants with these axis values that agree best with the spec's defaults.
 
         With ``group_by`` (say the tile shape), the defaults choose within each group of
@@ -141,9 +138,7 @@ class Family:
         search-path order (the first seen of each group leads): an op then picks among
         the groups itself. Without it, the one best variant comes back.
         """
-        unknown = sorted((set(required) | set(group_by)) - set(self.axes))
-        if unknown:
-            raise UnsupportedVariantError(f"{self.name}: no axis {unknown}; axes: {list(self.axes)}")
+        self._check_axes([*required, *group_by])
         matches = [v for v in self.variants if all(v.param_dict[k] == x for k, x in required.items())]
         if not matches:
             fixed: dict[str, Any] = {}
@@ -159,6 +154,11 @@ class Family:
             groups.setdefault(tuple(v.param_dict[axis] for axis in group_by), []).append(v)
         return [max(group, key=self._agreement_with_defaults) for group in groups.values()]
 
+    def _check_axes(self, names) -> None:
+        unknown = sorted(set(names) - set(self.axes))
+        if unknown:
+            raise UnsupportedVariantError(f"{self.name}: no axis {unknown}; axes: {list(self.axes)}")
+
     def _agreement_with_defaults(self, variant: Variant) -> int:
         return sum(variant.param_dict[k] == x for k, x in self.defaults.items())
 
@@ -172,13 +172,17 @@ def _spec_files(folder: Path) -> list[Path]:
     (an editor's ``.#spec.yaml`` lock, say) excepted. Specs in its subfolders are not read: a warning
     names each such subfolder, which can join the search path itself."""
     found, skipped = [], []
-    for entry in sorted(folder.iterdir()):
+    try:
+        listing = sorted(folder.iterdir())
+    except OSError as exc:  # unreadable: an error naming the folder, not a bare errno
+        raise SpecPathError(f"spec folder {folder} cannot be read: {exc.strerror or exc}") from None
+    for entry in listing:
         if entry.suffix.lower() not in SPEC_SUFFIXES and not entry.is_dir():
             continue
         if entry.name.startswith("."):
             continue
         if entry.is_dir():
-            if any(p.suffix.lower() in SPEC_SUFFIXES and not p.name.startswith(".") for p in _first(entry.iterdir())):
+            if any(p.suffix.lower() in SPEC_SUFFIXES and not p.name.startswith(".") for p in _first(entry)):
                 skipped.append(entry)
             continue
         found.append(entry)
@@ -188,9 +192,13 @@ def _spec_files(folder: Path) -> list[Path]:
     return found
 
 
-def _first(entries, limit: int = 1000) -> list:
-    """At most ``limit`` of ``entries``: a look into a subfolder must stay cheap however large it is."""
-    return list(itertools.islice(entries, limit))
+def _first(subfolder: Path, limit: int = 1000) -> list:
+    """At most ``limit`` entries of ``subfolder``: a look into it must stay cheap however large it is, and one that
+    cannot be read (it is only looked into for a warning) has none."""
+    try:
+        return list(itertools.islice(subfolder.iterdir(), limit))
+    except OSError:
+        return []
 
 
 def _check_folder(folder: Path, where: str = "") -> None:
@@ -246,6 +254,21 @@ def _check_agrees_with_owner(spec: SpecFile, owner: SpecFile) -> None:
                                   f"{getattr(owner, key)!r}; this file gives {getattr(spec, key)!r}")
 
 
+def _check_value_tables(family: Family, owner: SpecFile) -> None:
+    """Each ``sm_only`` and ``score_cost`` entry names an axis of the family and one of its values (in any file):
+    an entry that matches nothing, a typo such as ``wgmmma``, would silently lift an arch restriction or a cost."""
+    for key in ("sm_only", "score_cost"):
+        for axis, table in getattr(family, key).items():
+            if axis not in family.axes:
+                raise SpecError(owner.path, f"{key}.{axis}", owner.lines.get(key),
+                                f"{axis!r} is not an axis of family {family.name!r}; axes: {list(family.axes)}")
+            spelled = [yaml_spelling(value) for value in family.axis_values(axis)]
+            for value in table:
+                if value not in spelled:
+                    raise SpecError(owner.path, f"{key}.{axis}.{value}", owner.lines.get(key),
+                                    f"{value!r} is not a value of the family's axis {axis!r}; its values: {spelled}")
+
+
 class Registry:
     """All families found on a search path."""
 
@@ -283,6 +306,7 @@ class Registry:
             if len(family.variants) > MAX_VARIANTS:
                 raise spec.error("axes", f"family {family.name!r} reaches {len(family.variants)} variants with "
                                          f"this file; a family may have at most {MAX_VARIANTS}")
+        _check_value_tables(family, owner)
         return family
 
     def family(self, name: str) -> Family:

@@ -14,7 +14,6 @@ registry's) can point at a line too.
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import re
 import stat
@@ -25,16 +24,18 @@ from typing import Any
 import jsonschema
 import yaml
 
-from kgen.spec_schema import MAX_VARIANTS, SPEC_SCHEMA
+from kgen.spec_schema import VALIDATOR, variant_count_problem, yaml_spelling
 
-# JSON Schema counts 8.0 as an integer; a spec must not (it would render "128.0" into C++).
-_STRICT_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
-    "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
-_VALIDATOR = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_STRICT_TYPES)(SPEC_SCHEMA)
 #: Aliases can make a tiny file expand to a huge document; refuse anything this large.
 _MAX_EXPANDED_NODES = 100_000
 #: The deepest nesting a spec may have (the schema's deepest is four: sm_only -> axis -> value -> archs).
 _MAX_DEPTH = 16
+#: The deepest nesting the parser is let compose: libyaml's binding recurses per level without Python's
+#: recursion limit, and 50,000 levels (100 kB of ``[``) crash the process.
+_MAX_PARSE_DEPTH = 1000
+_OPENING, _CLOSING = (yaml.SequenceStartEvent, yaml.MappingStartEvent), (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+#: The longest problem a schema error quotes (its message repeats the offending value, maybe a whole list).
+_MAX_PROBLEM_CHARS = 400
 #: The largest spec file kgen reads (the largest built-in one is a few kB).
 MAX_SPEC_BYTES = 1 << 20
 #: What YAML counts as a line break, to give the line of a byte that is not UTF-8.
@@ -203,8 +204,14 @@ def _schema_error(error: jsonschema.ValidationError, root: yaml.Node, file: Path
         key = _key_node(parent, unknown[0]) if unknown else None
         line = key.start_mark.line + 1 if key is not None else _line_of(root, path)
         return SpecError(file, _format_path(path + tuple(unknown[:1])), line,
-                         f"unknown key {unknown[0]!r}; allowed: {sorted(allowed)}")
-    return SpecError(file, _format_path(path), _line_of(root, path), error.message)
+                         f"unknown key {_shortened(repr(unknown[0]))}; allowed: {sorted(allowed)}")
+    return SpecError(file, _format_path(path), _line_of(root, path), _shortened(error.message))
+
+
+def _shortened(text: str) -> str:
+    """``text``, its middle elided past :data:`_MAX_PROBLEM_CHARS`: a schema error repeats the offending value."""
+    half = _MAX_PROBLEM_CHARS // 2
+    return text if len(text) <= _MAX_PROBLEM_CHARS else f"{text[:half]} ... {text[-half:]}"
 
 
 # libyaml's parser where PyYAML was built with it: the pure-Python one is most of a process's first op
@@ -213,17 +220,25 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _parse(text: str, file: Path) -> tuple[Any, yaml.Node]:
-    """The document's value and its node graph, from one pass of the YAML parser."""
+    """The document's value and its node graph, from one pass of the YAML parser (after a pass over its events
+    that bounds the nesting)."""
     root, loader = None, None
     try:
+        _check_parse_depth(text, file)
         loader = _LOADER(text)  # reading starts here: it can refuse a control character
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
+    except SpecError:  # the depth check's own refusal (a ValueError, which the last clause would rewrap)
+        raise
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         raise SpecError(file, "", mark.line + 1 if mark else None, f"invalid YAML: {exc.problem or exc}") from None
+    except yaml.reader.ReaderError as exc:  # a control character; its str() spans two lines and counts bytes
+        bad = yaml.reader.Reader.NON_PRINTABLE.search(text)
+        raise SpecError(file, "", len(_LINE_BREAK.split(text[:bad.start()])) if bad else None,
+                        f"invalid YAML: unacceptable character {bad and bad.group()!r}: {exc.reason}") from None
     except yaml.YAMLError as exc:
-        raise SpecError(file, "", None, f"invalid YAML: {exc}") from None
+        raise SpecError(file, "", None, f"invalid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:
         raise SpecError(file, "", None, "invalid YAML: nested too deeply") from None
     except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
@@ -236,6 +251,21 @@ def _parse(text: str, file: Path) -> tuple[Any, yaml.Node]:
     if root is None:
         raise SpecError(file, "", None, "empty spec file")
     return data, root
+
+
+def _check_parse_depth(text: str, file: Path) -> None:
+    """Refuse nesting past :data:`_MAX_PARSE_DEPTH` from the parser's events, which come one at a time,
+    before anything composes the node graph recursively."""
+    loader, depth = _LOADER(text), 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            depth += isinstance(event, _OPENING) - isinstance(event, _CLOSING)
+            if depth > _MAX_PARSE_DEPTH:
+                raise SpecError(file, "", event.start_mark.line + 1,
+                                f"nested deeper than {_MAX_DEPTH} levels; a spec needs four")
+    finally:
+        loader.dispose()
 
 
 def _read_bytes(file: Path) -> bytes:
@@ -264,18 +294,6 @@ def _read_text(file: Path) -> str:
     except UnicodeDecodeError as exc:
         line = len(_LINE_BREAK.split(raw[:exc.start].decode("utf-8")))  # the prefix before the bad byte is valid
         raise SpecError(file, "", line, f"not UTF-8 text: byte {exc.start} is {raw[exc.start]:#04x}") from None
-
-
-def _check_size(data: dict, lines: dict[str, int], file: Path) -> None:
-    """Refuse a variant space over the limit from the axis sizes alone, before expanding anything."""
-    sizes = [len(values) for values in data["axes"].values()]
-    configs = len(data.get("configs", [])) or 1
-    count = math.prod(sizes) * configs
-    if count > MAX_VARIANTS:
-        product = " x ".join(map(str, sizes)) + (f", times {configs} configs" if "configs" in data else "")
-        raise SpecError(file, "axes", lines["axes"],
-                        f"declares {count} variants before exclusions (axis sizes {product}); "
-                        f"a family may have at most {MAX_VARIANTS}")
 
 
 def _axis_values(data: dict) -> dict[str, list]:
@@ -346,13 +364,14 @@ def load_spec_file(path: Path | str) -> SpecFile:
     file = Path(path)
     data, root = _parse(_read_text(file), file)
     _check_nodes(root, file)
-    error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(data))
+    error = jsonschema.exceptions.best_match(VALIDATOR.iter_errors(data))
     if error is not None:
         raise _schema_error(error, root, file)
     lines = _key_lines(root)
     if "template" in data and "entries" not in data:
         raise SpecError(file, "template", lines["template"], "a spec that names a template must list its entries")
-    _check_size(data, lines, file)
+    if (problem := variant_count_problem(data)) is not None:  # from the axis sizes, before expanding anything
+        raise SpecError(file, "axes", lines["axes"], problem)
     _check_configs(data, root, file)
     _check_assignment(data, "exclude", root, file)
     _check_assignment(data, "defaults", root, file)
@@ -369,9 +388,9 @@ def load_spec_file(path: Path | str) -> SpecFile:
         host=data.get("host"),
         allow_spills=data.get("allow_spills", False),
         min_sm=data.get("min_sm"),
-        sm_only={axis: {str(value): tuple(sms) for value, sms in table.items()}
+        sm_only={axis: {yaml_spelling(value): tuple(sms) for value, sms in table.items()}
                  for axis, table in data.get("sm_only", {}).items()},
-        score_cost={axis: {str(value): float(cost) for value, cost in table.items()}
+        score_cost={axis: {yaml_spelling(value): float(cost) for value, cost in table.items()}
                     for axis, table in data.get("score_cost", {}).items()},
         axes={k: tuple(v) for k, v in _axis_values(data).items()},
         config_axes=tuple(configs[0]) if configs else (),

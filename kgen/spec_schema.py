@@ -1,4 +1,4 @@
-"""The JSON Schema every kernel spec file must satisfy, and the limits on its size.
+"""The JSON Schema every kernel spec file must satisfy, the validator that checks it, and the limits on its size.
 
 Axis names are a closed set so that a typo (``head_dims``) is an error, not a
 silently ignored axis; a new kernel family that needs a new axis adds it here.
@@ -19,14 +19,17 @@ Top-level keys besides the variant space:
     Values of an axis that run on the listed archs alone: ``sm_only: {mma: {wgmma:
     [90]}}`` for a kernel built on sm_90a's wgmma, which neither older nor newer
     GPUs have. ``kgen build`` skips those variants for other archs, and ops do not
-    choose them there. Family-wide, like ``min_sm``.
+    choose them there. Family-wide, like ``min_sm``. Each axis and value must be one
+    of the family's (spelled as in YAML: ``true``, ``128``), so that a typo is an
+    error rather than a restriction silently lifted.
 
 ``score_cost`` (optional: axis -> value -> positive number)
     How much more a unit of work costs with that axis value, for an op's planner
     that weighs variants by the work each would do: ``score_cost: {mma: {mma_sync:
     1.25}}`` says a score computed by the mma.sync kernel costs 1.25 of one by
     another (measured, see the spec's comment). A variant's cost is the product
-    over its axis values, 1 for values not listed. Family-wide, like ``min_sm``.
+    over its axis values, 1 for values not listed. Family-wide, like ``min_sm``;
+    its axes and values are checked as ``sm_only``'s are, and NaN is refused.
 
 ``host`` (optional: a Python package name, ``kgen.families.merge_states``)
     The package that launches the family's kernels. Its module ``contract``
@@ -45,6 +48,12 @@ more exclusions than it has variants.
 """
 
 from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import jsonschema
 
 from kgen.dtypes import ELEMENT_TYPES
 
@@ -110,8 +119,9 @@ SPEC_SCHEMA: dict = {
         # variants only.
         "template": {"type": "string", "pattern": r"^[\w./-]+\.j2$"},
         "entries": {"type": "array", "items": _identifier, "minItems": 1, "uniqueItems": True},
-        # The Python package that launches the family's kernels (see ``host`` above).
-        "host": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"},
+        # The Python package that launches the family's kernels (see ``host`` above). At most 32 dotted
+        # parts: importing each part imports its parent first, recursively, and a thousand overflow the stack.
+        "host": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,31}$"},
         "allow_spills": {"type": "boolean"},
         # sm_50 is the oldest arch NVRTC has targeted; three digits cover sm_100 and later.
         "min_sm": {"type": "integer", "minimum": 50, "maximum": 999},
@@ -150,3 +160,72 @@ SPEC_SCHEMA: dict = {
         "defaults": _assignment(0),
     },
 }
+
+
+def yaml_spelling(value: Any) -> str:
+    """An axis value as the family-wide tables (``sm_only``, ``score_cost``) key it, as YAML spells it:
+    ``true`` for True, ``128`` for 128, ``wgmma`` for wgmma."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def variant_count_problem(data: dict) -> str | None:
+    """Why a spec that passed the schema declares too many variants, from its axis sizes alone; None if it does not."""
+    sizes = [len(values) for values in data["axes"].values()]
+    configs = len(data.get("configs", [])) or 1
+    count = math.prod(sizes) * configs
+    if count <= MAX_VARIANTS:
+        return None
+    product = " x ".join(map(str, sizes)) + (f", times {configs} configs" if "configs" in data else "")
+    return (f"declares {count} variants before exclusions (axis sizes {product}); "
+            f"a family may have at most {MAX_VARIANTS}")
+
+
+# JSON Schema counts 8.0 as an integer; a spec must not (it would render "128.0" into C++). Nor is NaN a number
+# here: it passes every bound (no comparison with NaN is true), and a NaN score_cost would make a planner's every
+# comparison of two shapes false.
+_STRICT_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many({
+    "integer": lambda _checker, value: isinstance(value, int) and not isinstance(value, bool),
+    "number": lambda _checker, value: (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                       and not (isinstance(value, float) and math.isnan(value))),
+})
+
+
+def _whole_string_pattern(validator, pattern, instance, schema):
+    """``pattern``, with ``$`` ending the string as in JSON Schema's regexes (ECMA-262): Python's ``$`` also
+    matches before a final newline, which would let ``family: "x\\n"`` name a family of its own."""
+    if validator.is_type(instance, "string") and (re.search(pattern, instance) is None or
+                                                  (pattern.endswith("$") and instance.endswith("\n"))):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _canonical(value) -> tuple:
+    """A hashable stand-in for a YAML value, equal exactly where JSON Schema calls two values equal
+    (``1`` and ``1.0`` are, ``1`` and ``true`` are not)."""
+    if isinstance(value, bool):
+        return ("boolean", value)
+    if isinstance(value, (int, float)):
+        return ("number", value)
+    if isinstance(value, dict):
+        return ("object", frozenset((_canonical(k), _canonical(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("array", tuple(_canonical(item) for item in value))
+    return (type(value).__name__, value if isinstance(value, str) else repr(value))
+
+
+def _unique_items(validator, unique, instance, schema):
+    """``uniqueItems`` in linear time: jsonschema's own compares every pair of items that do not sort
+    (objects, or mixed types), which takes hours for a 1 MiB list."""
+    if unique and validator.is_type(instance, "array"):
+        seen = set()
+        for item in instance:
+            key = _canonical(item)
+            if key in seen:
+                yield jsonschema.ValidationError(f"{instance!r} has non-unique elements")
+                return
+            seen.add(key)
+
+
+#: Validates a spec's value against :data:`SPEC_SCHEMA` (kgen.spec turns its errors into lines of the file).
+VALIDATOR = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator, type_checker=_STRICT_TYPES,
+    validators={"pattern": _whole_string_pattern, "uniqueItems": _unique_items})(SPEC_SCHEMA)

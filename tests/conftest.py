@@ -8,6 +8,7 @@ from typing import Iterator
 import pytest
 
 import kgen.config
+import kgen.registry
 
 
 @pytest.fixture
@@ -16,3 +17,12 @@ def cache_dir(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "cache"
     with kgen.config.overrides(KGEN_CACHE_DIR=str(path)):
         yield path
+
+
+@pytest.fixture
+def isolated_search_path() -> Iterator[None]:
+    """``--spec-path`` and add_spec_path change module state; restore it, and keep KGEN_SPEC_PATH out."""
+    saved = list(kgen.registry._extra_dirs)
+    with kgen.config.overrides(KGEN_SPEC_PATH=None):
+        yield
+    kgen.registry._extra_dirs[:] = saved

@@ -296,7 +296,7 @@ def test_bad_cu_seqlens_are_refused_by_name(cu, error, message):
         seqlens_from_cu(cu, "cu_seqlens_k")
 
 
-CUDA_REFUSAL = r"cu_seqlens_q: attention plans are built from host data.*device->host sync.*CPU tensor or a list"
+CUDA_REFUSAL = r"cu_seqlens_q: plans are built from host data.*device->host sync.*CPU tensor or a list"
 
 
 class _ClaimsCuda(torch.Tensor):

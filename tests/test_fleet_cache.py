@@ -36,6 +36,7 @@ from kgen.cache import DiskCache, cache_key, decode_entry
 from kgen.cli import cli
 from kgen.config import SettingError
 from kgen.render import render
+from zero_stream import Zeros
 
 ARCH = "sm_90a"
 FAMILY = "merge_attention_states"
@@ -296,18 +297,6 @@ def test_import_errors_are_one_line_from_the_command(prebuilt, tmp_path):
                           timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("error: cannot import ") and proc.stderr.count("\n") == 1, proc.stderr
-
-
-class Zeros:
-    """A file of ``size`` zero bytes that is never in memory whole (for tarfile.addfile)."""
-
-    def __init__(self, size: int):
-        self.left = size
-
-    def read(self, size: int = -1) -> bytes:
-        n = self.left if size < 0 else min(size, self.left)
-        self.left -= n
-        return bytes(n)
 
 
 def bomb(archive: Path, out: Path, target: str, size: int, manifest_first: bool) -> Path:

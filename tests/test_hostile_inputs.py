@@ -4,16 +4,14 @@ the setting, without hanging, exhausting memory or running a template's code out
 from __future__ import annotations
 
 import os
-import textwrap
-import warnings
 from pathlib import Path
 
 import pytest
 
-from kgen import config, registry
+from kgen import config
 from kgen.config import SettingError
 from kgen.registry import Registry, SpecPathWarning
-from kgen.render import RenderError, render
+from kgen.render import RenderError, check_family, render
 from kgen.spec import MAX_SPEC_BYTES, SpecError
 
 SPEC = """\
@@ -24,12 +22,7 @@ axes: {{num_warps: [1]}}
 """
 
 
-@pytest.fixture(autouse=True)
-def isolated_search_path():
-    saved = list(registry._extra_dirs)
-    with config.overrides(KGEN_SPEC_PATH=None):
-        yield
-    registry._extra_dirs[:] = saved
+pytestmark = pytest.mark.usefixtures("isolated_search_path")
 
 
 def folder_with(tmp_path: Path, template: str = "k.cu.j2", body: str | None = 'extern "C" __global__ void k() {}\n'):
@@ -112,9 +105,40 @@ def test_a_template_outside_its_folder_is_refused(tmp_path, how):
 
 
 def test_a_render_over_the_size_limit_is_an_error_not_an_nvrtc_abort(tmp_path):
-    variant = Registry([folder_with(tmp_path, body='{{ "x" * 9000000 }}\n')]).family("hostile").variants[0]
+    body = '{% for i in range(100000) %}{{ "x" * 100 }}{% endfor %}\n'  # 10 M characters, 100 at a time
+    variant = Registry([folder_with(tmp_path, body=body)]).family("hostile").variants[0]
     with pytest.raises(RenderError, match="the rendered source passes"):
         render(variant)
+
+
+@pytest.mark.parametrize("body", ['{{ "x" * 10000000000 }}', "{{ 10 ** 100000000 }}", '{% set s = ["x"] * 10**10 %}'])
+def test_a_value_too_large_to_render_is_refused_before_it_is_made(tmp_path, body):
+    variant = Registry([folder_with(tmp_path, body=body + "\n")]).family("hostile").variants[0]
+    with pytest.raises(RenderError, match="a (repetition|power) of over"):
+        render(variant)
+
+
+def test_loops_that_print_nothing_still_stop_at_the_time_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr("kgen.render.MAX_RENDER_SECONDS", 0.01)
+    body = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}\n"
+    variant = Registry([folder_with(tmp_path, body=body)]).family("hostile").variants[0]
+    with pytest.raises(RenderError, match="rendering took over"):
+        render(variant)
+
+
+def test_an_error_in_a_host_package_is_one_line_naming_it(tmp_path, monkeypatch):
+    package = tmp_path / "broken_host"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "contract.py").write_text("def (:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = folder_with(tmp_path)
+    (folder / "hostile.yaml").write_text(SPEC.format(template="k.cu.j2") + "host: broken_host\n")
+    family = Registry([folder]).family("hostile")
+    with pytest.raises(RenderError, match=r"^host package 'broken_host': importing broken_host.contract failed: "
+                                          r"SyntaxError") as info:
+        check_family(family)
+    assert "\n" not in str(info.value)
 
 
 def test_a_builtin_spec_copied_under_a_new_family_name_is_one_line_naming_the_host(tmp_path):

@@ -8,14 +8,17 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
+import stat
 import struct
 import tarfile
 import zlib
 from pathlib import Path, PurePosixPath
 
 from kgen.cache.manifest import MANIFEST, ArchiveError, PackedEntry, check_toolchain, make_manifest
-from kgen.cache.store import ENTRY_SUFFIX, CacheError, DiskCache, decode_entry, read_only_hint, replacing
+from kgen.cache.store import (ENTRY_SUFFIX, MAX_ENTRY_BYTES, CacheError, DiskCache, decode_entry, read_only_hint,
+                              replacing)
 
 #: The archive names ``kgen cache export`` writes: a tar file, gzipped or not.
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -23,8 +26,14 @@ _ENTRY_MEMBER = re.compile(rf"entries/[0-9a-f]{{64}}{re.escape(ENTRY_SUFFIX)}")
 #: The most bytes kgen reads of a manifest, of one entry, and of all members together. A cubin is well under
 #: a megabyte and a manifest row about 300 bytes: anything near these is not an archive kgen made.
 MAX_MANIFEST_BYTES = 16 << 20
-MAX_ENTRY_BYTES = 64 << 20
 MAX_ARCHIVE_BYTES = 1 << 30
+#: The most members kgen walks: a manifest of at most MAX_MANIFEST_BYTES cannot list more (a row is over 200
+#: bytes), and each member walked is kept in memory, so empty members, which take nothing from the size caps,
+#: are capped by count.
+MAX_MEMBERS = 100_000
+#: The largest extended header (pax, GNU long name) kgen lets tarfile read: it reads one whole, before any
+#: check of kgen's. kgen writes none (its names are short), and other tools' are a few hundred bytes.
+MAX_EXTENDED_HEADER_BYTES = 1 << 20
 _CHUNK = 1 << 20
 
 
@@ -55,7 +64,10 @@ def read_archive(path: Path) -> list[PackedEntry]:
     that size. Memory holds the manifest and the entries, never more than the caps.
     """
     try:
-        with tarfile.open(path, "r:*") as tar:
+        # Not a FIFO or a device (say /dev/zero, which the xz reader would read without end): a regular file.
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ArchiveError("it is not a regular file")
+        with tarfile.open(path, "r:*", tarinfo=_CheckedTarInfo) as tar:
             members = _regular_members(tar)
             if MANIFEST not in members:
                 raise ArchiveError(f"it has no {MANIFEST}")
@@ -74,11 +86,37 @@ def read_archive(path: Path) -> list[PackedEntry]:
         raise ArchiveError(f"it is not a tar archive kgen can read ({exc})") from None
 
 
+class _CheckedTarInfo(tarfile.TarInfo):
+    """The headers of an archive, refused before tarfile reads what could be a gzip bomb into memory.
+
+    tarfile reads an extended header's data (pax, GNU long name) whole, and a GNU
+    sparse map a block at a time into a list, before the caller sees the member: a
+    small ``.tar.gz`` could make either gigabytes. kgen writes neither.
+    """
+
+    def _proc_member(self, tar):
+        extended = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+                    tarfile.GNUTYPE_LONGLINK)
+        if self.type in extended and self.size > MAX_EXTENDED_HEADER_BYTES:
+            raise ArchiveError(f"it has an extended tar header of {self.size} bytes, over the "
+                               f"{MAX_EXTENDED_HEADER_BYTES >> 20} MiB kgen accepts")
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise ArchiveError(f"member {self.name!r} is a sparse file, not a regular file")
+        return super()._proc_member(tar)
+
+    def _refuse_sparse(self, *args):
+        raise ArchiveError("a member is a sparse file, not a regular file")
+
+    _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _refuse_sparse
+
+
 def _regular_members(tar: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
     # Headers only: TarFile's iteration skips each member's data (decompressing it a chunk at a time).
     members: dict[str, tarfile.TarInfo] = {}
     total = 0
-    for member in tar:
+    for count, member in enumerate(tar, 1):
+        if count > MAX_MEMBERS:
+            raise ArchiveError(f"it has over the {MAX_MEMBERS} members kgen accepts")
         name = member.name
         if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts or "\\" in name:
             raise ArchiveError(f"member {name!r} has an unsafe path")
@@ -120,8 +158,8 @@ def _manifest_rows(text: bytes) -> dict[str, dict]:
         rows = {row["file"]: row for row in manifest["entries"]}
     except ArchiveError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not JSON, or not of the manifest's shape
-        raise ArchiveError(f"its {MANIFEST} is malformed ({exc!r})") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # not JSON, or not of its shape
+        raise ArchiveError(f"its {MANIFEST} is malformed ({exc!r})"[:500]) from None
     if len(rows) != len(manifest["entries"]):
         raise ArchiveError(f"{MANIFEST} lists an entry twice")
     return rows

@@ -10,7 +10,9 @@
 * **Entry.** ``MAGIC | SHA-256 of the rest | header length | JSON header | cubin``;
   the header names the entry's own key. A truncated, corrupt or misplaced entry
   (another key's file copied over this one) is a miss: it is reported once and
-  rebuilt.
+  rebuilt. So is a name that is not a regular file (a FIFO, a link to a device,
+  a folder) or a file over MAX_ENTRY_BYTES: neither is opened or read, so it can
+  neither block a reader nor fill its memory.
 * **Publish.** Write to a temporary file in the same folder (created like any
   file, so the umask decides who may read it: a group-shared cache works), then
   ``os.replace``: a reader sees the old entry, the new one, or none.
@@ -18,6 +20,8 @@
   the key's hash, and re-check the cache once they hold it, so N processes
   compile a variant once. The set is fixed, and lock files are never deleted:
   deleting one that another process waits on would let two processes hold it.
+  A lock is waited for at most LOCK_TIMEOUT_S: a process that holds one and
+  hangs makes the others compile in memory (with a warning), not hang too.
 
 Which folders are searched (layers, installed caches): kgen.cache.layers; archives and wheels of
 entries for a fleet: kgen.cache.archive and kgen.cache.wheel.
@@ -33,6 +37,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import struct
 import warnings
 from dataclasses import dataclass
@@ -55,6 +60,10 @@ _TEMPORARY = ".*.tmp"
 #: Lock files in the ``locks/`` folder; two keys share one with probability 1/LOCK_STRIPES,
 #: and then only wait for each other.
 LOCK_STRIPES = 256
+#: The longest a builder waits for a lock (far longer than any compile) before it gives up with an OSError.
+LOCK_TIMEOUT_S = 600.0
+#: The largest entry file kgen reads. A cubin is well under a megabyte: a file near this is not an entry.
+MAX_ENTRY_BYTES = 64 << 20
 _warned: set[tuple[str, str]] = set()
 
 
@@ -132,12 +141,58 @@ def decode_entry(blob: bytes) -> CacheEntry:
     digest, payload = blob[len(_MAGIC):len(_MAGIC) + _DIGEST_LEN], blob[len(_MAGIC) + _DIGEST_LEN:]
     if hashlib.sha256(payload).digest() != digest:
         raise ValueError("entry does not match its digest")
+    if len(payload) < _HEADER_LEN.size:
+        raise ValueError("it has no header")
     (header_len,) = _HEADER_LEN.unpack_from(payload, 0)
-    header = json.loads(payload[_HEADER_LEN.size:_HEADER_LEN.size + header_len])
     cubin = payload[_HEADER_LEN.size + header_len:]
-    if len(cubin) != header["size"]:
+    # The digest proves the entry whole, not well made (anyone who can write to the folder can make one):
+    # whatever the header holds is a ValueError here, never another exception in a caller that loads it.
+    try:
+        header = json.loads(payload[_HEADER_LEN.size:_HEADER_LEN.size + header_len])
+        entry = CacheEntry(header["key"], cubin, BuildRecord.from_json(header["record"]), header["variant"])
+        size = header["size"]
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"its header is malformed ({type(exc).__name__}: {exc})"[:300]) from None
+    if size != len(cubin) or type(size) is not int:
         raise ValueError("cubin size does not match its header")
-    return CacheEntry(header["key"], cubin, BuildRecord.from_json(header["record"]), header["variant"])
+    _check_fields(entry)
+    return entry
+
+
+def _check_fields(entry: CacheEntry) -> None:
+    # Strings and numbers where the build report and the manifest expect them (not booleans: JSON's true is not 1).
+    record = entry.record
+    numbers = [record.callee_spill_bytes] + [value for resources in record.entries.values()
+                                              for value in dataclasses.astuple(resources)]
+    if not (isinstance(entry.key, str) and isinstance(entry.variant_name, str) and isinstance(record.arch, str)
+            and type(record.compile_ms) in (int, float) and all(type(n) is int for n in numbers)):
+        raise ValueError("its header is malformed (a field of the wrong type)")
+
+
+def read_regular_file(path: Path, cap: int) -> bytes:
+    """The bytes of the regular file at ``path`` (links followed), at most ``cap`` of them.
+
+    Raises ``ValueError`` if it is not a regular file (a FIFO, a device, a folder: checked before it is opened,
+    so that one named like an entry can neither block the reader nor feed it without end) or holds over
+    ``cap`` bytes (checked before a byte is read); ``OSError`` if it cannot be read.
+    """
+    _check_regular(os.stat(path), cap)
+    # O_NONBLOCK: a FIFO put in its place since the stat does not block the open; fstat then refuses it.
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)), "rb") as f:
+        _check_regular(os.fstat(f.fileno()), cap)
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise ValueError(f"it holds over the {cap >> 20} MiB kgen reads")
+    return data
+
+
+def _check_regular(info: os.stat_result, cap: int) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) else \
+            "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket or special file"
+        raise ValueError(f"it is {kind}, not a regular file")
+    if info.st_size > cap:
+        raise ValueError(f"it is {info.st_size} bytes, over the {cap >> 20} MiB kgen reads")
 
 
 class DiskCache:
@@ -172,10 +227,10 @@ class DiskCache:
 
         Raises ``OSError`` if the file cannot be read, ``ValueError`` if it is not a valid entry of that key.
         """
-        blob = self._path(key).read_bytes()
+        blob = read_regular_file(self._path(key), MAX_ENTRY_BYTES)
         try:
             entry = decode_entry(blob)
-        except (KeyError, TypeError, struct.error) as exc:  # a header of the wrong shape
+        except struct.error as exc:
             raise ValueError(exc) from None
         if entry.key != key:
             raise ValueError(f"it holds the entry of key {entry.key}")
@@ -204,7 +259,7 @@ class DiskCache:
     def _stripe(self, index: int) -> filelock.FileLock:
         locks = self.root / "locks"
         locks.mkdir(parents=True, exist_ok=True)
-        return filelock.FileLock(locks / f"{index:03d}.lock")
+        return filelock.FileLock(locks / f"{index:03d}.lock", timeout=LOCK_TIMEOUT_S)
 
     def entries(self) -> list[Path]:
         return sorted(self.root.glob(f"*{ENTRY_SUFFIX}")) if self.root.is_dir() else []

@@ -11,6 +11,7 @@ exits 1 after the table.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -18,7 +19,7 @@ import click
 from kgen import __version__, registry as registry_module
 from kgen.cli.build import build_cmd
 from kgen.cli.cache import cache_group
-from kgen.cli.errors import KGEN_ERRORS, CommandError, OneLineErrors, echo_error, printable
+from kgen.cli.errors import KGEN_ERRORS, CommandError, OneLineErrors, echo_error, one_line, printable
 from kgen.cli.specs import list_cmd, render_cmd
 
 __all__ = ["CommandError", "cli", "main", "printable"]
@@ -31,8 +32,10 @@ __all__ = ["CommandError", "cli", "main", "printable"]
 def cli(spec_paths: tuple[str, ...]) -> None:
     """kgen: CUDA kernels declared in YAML, compiled at run time with NVRTC."""
     # Each added folder goes first on the path, so add the last one first: the order given is the search order.
+    # Absolute, so that add_spec_path does not expand a leading ~ again: the shell expanded the user's, and click
+    # checked the folder as given (a folder named ~bob in the current one is not bob's home).
     for folder in reversed(spec_paths):
-        registry_module.add_spec_path(folder)
+        registry_module.add_spec_path(os.path.abspath(folder))
 
 
 for _command in (list_cmd, render_cmd, build_cmd, cache_group):
@@ -43,5 +46,5 @@ def main() -> None:
     try:
         cli(standalone_mode=True)
     except KGEN_ERRORS as exc:
-        echo_error(f"error: {exc}")
+        echo_error(f"error: {one_line(str(exc))}")
         sys.exit(2)

@@ -31,7 +31,7 @@ def cache_info() -> None:
         click.echo("writable: none (no folder on the cache path is writable: new builds compile in memory)")
     for layer in layers.layers:
         entries = layer.cache.entries()
-        size = sum(p.stat().st_size for p in entries)
+        size = sum(_size(p) for p in entries)
         origin = f" from {layer.origin}" if layer.origin else ""
         click.echo(f"{layer.role}: {layer.cache.root} ({plural(len(entries), 'entry', 'entries')}, "
                    f"{plural(size, 'byte')}){origin}")
@@ -46,10 +46,10 @@ def cache_clear() -> None:
 
 @cache_group.command("export")
 @click.argument("path", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--wheel", "wheel_dir", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--wheel", "wheel_dir", type=click.Path(file_okay=False),
               help="Write a pip-installable wheel into this folder instead of an archive.")
 @click.option("--arch", "arch_names", multiple=True, help="Only entries for this arch; repeatable.")
-def cache_export(path: Path | None, wheel_dir: Path | None, arch_names: tuple[str, ...]) -> None:
+def cache_export(path: Path | None, wheel_dir: str | None, arch_names: tuple[str, ...]) -> None:
     """Pack every entry of every layer into PATH (.tar, .tar.gz or .tgz), or into a wheel with --wheel DIR.
 
     Both carry a manifest (kgen's and NVRTC's versions, and per entry its key,
@@ -60,6 +60,8 @@ def cache_export(path: Path | None, wheel_dir: Path | None, arch_names: tuple[st
         raise click.UsageError("give PATH (an archive) or --wheel DIR (a wheel), one of the two")
     if path is not None and not path.name.endswith(ARCHIVE_SUFFIXES):
         raise click.BadParameter(f"{path.name!r} does not end in {', '.join(ARCHIVE_SUFFIXES)}", param_hint="PATH")
+    if wheel_dir == "":  # as a Path it would be ".", and the wheel would land in the current folder unasked
+        raise click.BadParameter("is empty; give a folder", param_hint="'--wheel'")
     archs = {parse_arch(name, "--arch").name for name in arch_names}
     packed, invalid = collect_entries([layer.cache for layer in cache_layers().layers], archs)
     if invalid:
@@ -68,7 +70,7 @@ def cache_export(path: Path | None, wheel_dir: Path | None, arch_names: tuple[st
     if not packed:
         raise CommandError(f"nothing to export: the cache holds no entries{f' for {sorted(archs)}' if archs else ''}")
     if wheel_dir is not None:
-        written = write_wheel(wheel_dir, packed)
+        written = write_wheel(Path(wheel_dir), packed)
     else:
         write_archive(path, packed)
         written = path
@@ -90,6 +92,7 @@ def cache_verify(arch_names: tuple[str, ...], jobs: int) -> None:
     entries kgen never loads (corrupt, of a variant no longer on the spec path,
     or of a changed source) are reported and do not fail.
     """
+    config.check_settings()  # a bad knob is one error, not every entry failing to recompile
     archs = {parse_arch(name, "--arch").name for name in arch_names}
     caches = [layer.cache for layer in cache_layers().layers]
     total = sum(len(cache.entries()) for cache in caches)
@@ -124,6 +127,14 @@ def cache_import(path: Path) -> None:
     there = len(packed) - added
     click.echo(f"imported {plural(added, 'entry', 'entries')} into {cache.root} "
                f"({there} {'was' if there == 1 else 'were'} there already)")
+
+
+def _size(path: Path) -> int:
+    # A broken link or a file removed meanwhile counts as nothing: info reports, it does not stop at a bad file.
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _writable_layer(action: str) -> DiskCache:

@@ -29,6 +29,12 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+def one_line(text: str) -> str:
+    """``text`` with its line breaks escaped (``\\n``): a refusal is one line, even when it quotes a file name
+    that holds a newline."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def echo_error(text: str) -> None:
     click.echo(printable(text), err=True)
 
