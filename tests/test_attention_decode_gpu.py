@@ -297,5 +297,5 @@ def test_bad_input_is_refused_with_the_argument_named():
     # A plan for longer requests than the cache holds.
     long_plan = plan_attention_decode([40, 8], num_heads_q=4, num_heads_kv=2, head_dim=64, page_size=16,
                                       max_seqlen_k=10**6)
-    with pytest.raises(ValueError, match="k_cache"):
+    with pytest.raises(ValueError, match="block_table: the plan is for requests of up to 1000000 keys"):
         call(plan=long_plan)

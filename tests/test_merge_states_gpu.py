@@ -87,7 +87,7 @@ def _tokens_for(case, head_dim) -> int:
     """With full_tiles, round tokens up so every tile is full (the has_incomplete_tile=false variant)."""
     tokens = case["tokens"]
     if case["full_tiles"]:
-        tile = merge_module._kernels(torch.cuda.current_device(), head_dim, DTYPES[case["dtype"]]).tile_rows
+        tile = merge_module._kernels(torch.cuda.current_device(), head_dim, DTYPES[case["dtype"]], "v").tile_rows
         while (tokens * case["heads"]) % tile:
             tokens += 1
     return tokens

@@ -32,10 +32,9 @@ PREFILL = [("prefill hd128 2x8192 causal", [8192] * 2, 16, 128, True),
            ("prefill hd128 8x2048 causal", [2048] * 8, 16, 128, True),
            ("prefill hd64 4x4096 causal", [4096] * 4, 32, 64, True),
            ("prefill hd128 64 short causal", [50 + (37 * i) % 250 for i in range(64)], 16, 128, True)]
-#: (name, lengths, H, HV, plan options); exact_split only where the tree has it.
-GDN = [("gdn 1x32768 2/8", [32768], 2, 8, {}), ("gdn 1x32768 2/8 exact_split", [32768], 2, 8, {"exact_split": True}),
-       ("gdn 1x32768 16/32", [32768], 16, 32, {}), ("gdn 4x8192 16/32", [8192] * 4, 16, 32, {}),
-       ("gdn 8x1024 16/32", [1024] * 8, 16, 32, {}), ("gdn 1x2048 32/32", [2048], 32, 32, {})]
+#: (name, lengths, H, HV)
+GDN = [("gdn 1x32768 2/8", [32768], 2, 8), ("gdn 1x32768 16/32", [32768], 16, 32), ("gdn 4x8192 16/32", [8192] * 4, 16, 32),
+       ("gdn 8x1024 16/32", [1024] * 8, 16, 32), ("gdn 1x2048 32/32", [2048], 32, 32)]
 
 
 def cumulative(lengths: list[int]) -> list[int]:
@@ -51,7 +50,7 @@ def prefill_us(lengths, heads, head_dim, causal) -> float:
     return 1e3 * time_graph(lambda: attention_varlen(q, k, v, cu, cu, causal=causal, plan=plan, out=out))
 
 
-def gdn_us(lengths, heads, heads_v, options) -> float:
+def gdn_us(lengths, heads, heads_v) -> float:
     cu_host = cumulative(lengths)
     cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
     total = cu_host[-1]
@@ -61,7 +60,7 @@ def gdn_us(lengths, heads, heads_v, options) -> float:
     v = torch.randn((1, total, heads_v, 128), device="cuda", dtype=torch.bfloat16)
     g = torch.nn.functional.logsigmoid(torch.randn((1, total, heads_v), device="cuda"))
     beta = torch.rand((1, total, heads_v), device="cuda")
-    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=heads_v, device="cuda", **options)
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=heads_v, device="cuda")
     out = torch.empty_like(v)
     return 1e3 * time_graph(lambda: chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, plan=plan, out=out,
                                                            output_final_state=True), replays_per_sample=20)
@@ -79,14 +78,10 @@ def main() -> None:
             continue
         print(json.dumps({"label": args.label, "case": name, "us": round(prefill_us(lengths, heads, head_dim, causal), 2)}),
               flush=True)
-    for name, lengths, heads, heads_v, options in GDN:
+    for name, lengths, heads, heads_v in GDN:
         if args.only not in name:
             continue
-        try:
-            us = round(gdn_us(lengths, heads, heads_v, options), 2)
-        except TypeError as exc:  # an option this tree's planner lacks
-            us = f"not in this tree: {exc}"
-        print(json.dumps({"label": args.label, "case": name, "us": us}), flush=True)
+        print(json.dumps({"label": args.label, "case": name, "us": round(gdn_us(lengths, heads, heads_v), 2)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ import torch.nn.functional as F
 
 from kgen import ops as _ops  # looked up at each call (tests replace the ops)
 from kgen.compat import PlanCache, _host_cu
+from kgen.runtime.checks import refuse_grad
+
+#: fla's names of the tensors a backward would differentiate (refused by name: kgen has no backward).
+_GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "plan_cache"]
 
@@ -81,6 +85,7 @@ def chunk_gated_delta_rule(
     if chunk_size not in (16, 32, 64):
         raise ValueError(f"chunk_size: must be 16, 32, or 64 for Gated Delta Rule (as in fla), got {chunk_size!r}")
     _check_kwargs("chunk_gated_delta_rule", kwargs)
+    refuse_grad("chunk_gated_delta_rule", _GRAD_NAMES, q, k, v, g, beta, initial_state)
     if cp_context is not None:
         raise ValueError("cp_context: fla's context parallelism is not supported here; expected None "
                          "(kgen's is kgen.distributed.chunk_gated_delta_rule_cp)")
@@ -142,6 +147,7 @@ def fused_recurrent_gated_delta_rule(
     """
     state_v_first = _state_v_first(state_v_first, kwargs)
     _check_kwargs("fused_recurrent_gated_delta_rule", kwargs)
+    refuse_grad("fused_recurrent_gated_delta_rule", _GRAD_NAMES, q, k, v, g, beta, initial_state)
     if gk is not None:
         raise ValueError("gk: per-key decays are not supported (kgen's gated delta rule has one gate per "
                          "v-head: g); expected None")

@@ -20,6 +20,7 @@ import math
 import torch
 
 from kgen import ops as _ops  # looked up at each call (tests replace the ops)
+from kgen.runtime.checks import refuse_grad
 
 __all__ = ["merge_state", "merge_states"]
 
@@ -37,6 +38,7 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
     Returns:
         ``(V [seq_len, num_heads, head_dim], S [seq_len, num_heads] fp32, base 2)``.
     """
+    refuse_grad("merge_state", ("v_a", "s_a", "v_b", "s_b"), v_a, s_a, v_b, s_b)
     shape = _rows_of("v_a", v_a, 3, "[seq_len, num_heads, head_dim]")
     s_a = _natural("s_a", s_a, v_a, shape, "[seq_len, num_heads] of v_a")
     s_b = _natural("s_b", s_b, v_a, shape, "[seq_len, num_heads] of v_a")
@@ -54,6 +56,7 @@ def merge_states(v: torch.Tensor, s: torch.Tensor):
     Returns:
         ``(V [seq_len, num_heads, head_dim], S [seq_len, num_heads] fp32, base 2)``.
     """
+    refuse_grad("merge_states", ("v", "s"), v, s)
     shape = _rows_of("v", v, 4, "[seq_len, num_states, num_heads, head_dim]")
     s = _natural("s", s, v, shape, "[seq_len, num_states, num_heads] of v")
     # kgen stacks the states on dim 0 and reads each state's rows contiguously: one copy of v.
@@ -79,5 +82,5 @@ def _natural(name: str, s, v: torch.Tensor, shape: tuple[int, ...], what: str) -
     if tuple(s.shape) != shape:
         raise ValueError(f"{name}: expected {what} {list(shape)}, got {tuple(s.shape)}")
     if s.device != v.device:
-        raise ValueError(f"{name}: expected a tensor on {v.device} (like the states), got {s.device}")
+        raise ValueError(f"{name}: on {s.device}, the states on {v.device}: expected the LSEs and states on one device")
     return s.to(torch.float32) * _LN2

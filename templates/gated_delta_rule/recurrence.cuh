@@ -18,23 +18,6 @@ __device__ __forceinline__ long long state_at(int key, int value) {
     return kKeyMajor ? static_cast<long long>(key) * kHeadDim + value : static_cast<long long>(value) * kHeadDim + key;
 }
 
-// The sum of head_v's gates over tokens [first, end) (rows of heads_v gates), by every thread of a block of
-// kThreads; `scratch` holds a float per warp (shared memory no one else uses yet).
-template <int kThreads>
-__device__ __forceinline__ float segment_log_decay(const float* g, int first, int end, int heads_v, int head_v,
-                                                   float* scratch) {
-    float sum = 0.f;
-    for (int t = first + threadIdx.x; t < end; t += kThreads) sum += g[static_cast<long long>(t) * heads_v + head_v];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = sum;
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) total += scratch[w];
-    return total;
-}
-
 template <class Config>
 struct Recurrence {
     using T = typename Config::T;
@@ -80,15 +63,13 @@ struct Recurrence {
                                                long long cu_seqlens_is_int64, const float* __restrict__ initial_state,
                                                const float* __restrict__ start_states, float* __restrict__ summary,
                                                T* __restrict__ out, float* __restrict__ final_state, long long num_heads,
-                                               long long num_heads_v, float scale, long long use_qk_l2norm,
-                                               float negligible_log_decay) {
+                                               long long num_heads_v, float scale, long long use_qk_l2norm) {
         extern __shared__ unsigned char smem_bytes[];
         Shared& smem = *reinterpret_cast<Shared*>(kgen::align_up<kgen::kSwizzleAlignment>(smem_bytes));
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int* const segment = segments + kSegmentFields * blockIdx.z;
         const int sequence = segment[kSequence], first_token = segment[kFirstToken], end_token = segment[kEndToken];
-        const int first_chunk = segment[kFirstChunk];
-        int chunks = segment[kChunks];
+        const int first_chunk = segment[kFirstChunk], chunks = segment[kChunks];
         const int heads_v = static_cast<int>(num_heads_v), head_v = blockIdx.y;
         const int head = head_v / (heads_v / static_cast<int>(num_heads));
         const int column0 = blockIdx.x * kSliceV;
@@ -103,13 +84,6 @@ struct Recurrence {
             kgen::mbarrier_init_fence();
         }
         __syncthreads();
-        // The decay-bounded shortcut: a transition block whose segment's gates sum below negligible_log_decay
-        // (-inf: never) has a transition M below fp32 rounding (|M| <= e^sum for non-expanding tokens: see the
-        // planner's exact_split), so it writes M = 0 without running the segment.
-        const bool negligible = transition && negligible_log_decay > -inf() &&
-                                segment_log_decay<kThreads>(g, first_token, min(end_token, first_token + chunks * kChunk), heads_v,
-                                                  head_v, smem.q_scale) < negligible_log_decay;
-        if (negligible) chunks = 0;
         auto token_of = [&](int c) { return first_token + c * kChunk; };
         // Only a segment's last chunk can be incomplete, so a full chunk's loads are its barriers'
         // (c / 2)-th (K) and c-th (the others) phases.
@@ -207,7 +181,7 @@ struct Recurrence {
                 for (int e = 0; e < 4; ++e) {
                     const int column = row + (e / 2) * 8, key = 8 * n + fragment_column + e % 2;
                     if (kSummary) {
-                        s[n][e] = transition && !negligible && key == column0 + column ? 1.f : 0.f;
+                        s[n][e] = transition && key == column0 + column ? 1.f : 0.f;
                     } else {
                         const int value = value0 + column;
                         s[n][e] = start == nullptr ? (refused ? quiet_nan() : 0.f)

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from kgen.families.gated_delta_rule.axes import spec_axes
-from kgen.families.gated_delta_rule.planner import (CHUNK_FAMILY, NEGLIGIBLE_LOG_DECAY, ChunkGatedDeltaRulePlan,
-                                                    fixed_length_plan, plan_chunk_gated_delta_rule)
+from kgen.families.gated_delta_rule.planner import (CHUNK_FAMILY, ChunkGatedDeltaRulePlan, fixed_length_plan,
+                                                    plan_chunk_gated_delta_rule)
 from kgen.launch import KernelLauncher, current_device
 from kgen.runtime import tma
 from kgen.runtime.checks import INT32_LIMIT, check_bool, check_dense_rows, check_scale, check_shape, check_tensor
@@ -133,7 +133,6 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         check_tensor("cu_seqlens", cu_seqlens, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
         if not cu_seqlens.is_contiguous():  # the kernels read it with unit stride
             raise ValueError("cu_seqlens: expected a contiguous tensor")
-
     if plan is None:
         if cu_seqlens is not None:  # the lengths are on the device: a synchronisation
             plan = plan_chunk_gated_delta_rule(cu_seqlens.cpu(), num_heads_v=heads_v, head_dim=head_dim)
@@ -216,8 +215,7 @@ def _launch(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale
         "cu_seqlens_is_int64": int(cu_seqlens is not None and cu_seqlens.dtype is torch.int64), "initial_state": initial,
         "start_states": 0 if starts is None else starts.data_ptr(), "summary": 0, "out": out.data_ptr(),
         "final_state": 0 if final is None else final.data_ptr(), "num_heads": heads, "num_heads_v": heads_v,
-        "scale": np.float32(scale), "use_qk_l2norm": l2norm,
-        "negligible_log_decay": np.float32(-np.inf if plan.exact_split else NEGLIGIBLE_LOG_DECAY)}
+        "scale": np.float32(scale), "use_qk_l2norm": l2norm}
     if summaries is not None:
         # The summary takes the forward's parameters, with its own segments and its summaries as the only output.
         kernels.summary.launch((2 * head_dim // slice_v, heads_v, len(plan.summary_segments)),

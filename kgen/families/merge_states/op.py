@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from kgen.launch import KernelLauncher
+from kgen.registry import UnsupportedVariantError
 from kgen.runtime.checks import check_dense_rows, check_shape, check_tensor
 from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, incomplete_tile_pair, launcher, spec_dtypes
 
@@ -29,12 +30,16 @@ class _Kernels:
 _dispatch = SpecPathMemo()
 
 
-def _kernels(device_index: int, head_dim: int, dtype: torch.dtype) -> _Kernels:
+def _kernels(device_index: int, head_dim: int, dtype: torch.dtype, states: str) -> _Kernels:
+    """The launchers for ``states`` (the argument holding the partial outputs, for errors)."""
     key = (device_index, head_dim, dtype)
     found = _dispatch.get(key)
     if found is not None:
         return found
-    variants = incomplete_tile_pair(FAMILY, head_dim=head_dim, dtype=DTYPE_NAMES[dtype])
+    try:
+        variants = incomplete_tile_pair(FAMILY, head_dim=head_dim, dtype=DTYPE_NAMES[dtype])
+    except UnsupportedVariantError as exc:  # names the family: name the tensor too
+        raise UnsupportedVariantError(f"{states}: {exc}") from None
     tile_rows = {contract(v).sizes["tile_rows"] for v in variants}
     if len(tile_rows) != 1:
         raise ValueError(f"{FAMILY}: the variants {variants[0].name} and {variants[1].name} tile rows differently")
@@ -133,7 +138,7 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
     v, lse = _outputs(out, lse_out, shape, dtype, device_index, v_a, lse_a)
     if rows == 0:
         return v, lse
-    kernels = _kernels(device_index, head_dim, dtype)
+    kernels = _kernels(device_index, head_dim, dtype, "v_a")
     lse_a_stride_t, lse_a_stride_h = lse_a.stride()
     lse_b_stride_t, lse_b_stride_h = lse_b.stride()
     launch, grid = _launch_for(kernels, kernels.two, rows)
@@ -178,7 +183,7 @@ def merge_attention_states_n(v: torch.Tensor, lse: torch.Tensor, *,
     out, lse_out = _outputs(out, lse_out, torch.Size((tokens, heads, head_dim)), dtype, device_index, v, lse)
     if rows == 0:
         return out, lse_out
-    kernels = _kernels(device_index, head_dim, dtype)
+    kernels = _kernels(device_index, head_dim, dtype, "v")
     lse_stride_s, lse_stride_t, lse_stride_h = lse.stride()
     launch, grid = _launch_for(kernels, kernels.stacked, rows)
     launch(grid, v=v.data_ptr(), lse=lse.data_ptr(), num_partials=partials, v_stride_s=v.stride(0),
