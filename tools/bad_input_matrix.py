@@ -263,6 +263,9 @@ def merge_n_build(names=("v", "lse"), dim=0):  # FlashInfer stacks the states on
 EMPTY = either(lambda res, ref, base: (bool((res[0] == 0).all() and (res[1] == -INF).all()),
                                       "documented for empty partials: v 0, lse -inf"))
 
+#: The merges take states in any of their dtypes (bf16, fp16, fp32): one stacked tensor of another is valid.
+STATE_DTYPES = {f"v.dtype={d}": must() for d in ("float32", "float16")}
+
 def merge_cases():
     minf = lambda *names: lambda a: {n: torch.full_like(a[n], -INF) for n in names}  # noqa: E731
     strides = lambda *args: {f"{s}.{m}": must() for s in args for m in ("transposed", "strided", "padded_rows")}  # noqa
@@ -276,13 +279,14 @@ def merge_cases():
     extras = [X("v,lse=S0", lambda a: {"v": a["v"][:0], "lse": a["lse"][:0]}, EMPTY, "v"),
               X("lse=all_-inf", minf("lse"), EMPTY), X("head_dim=80", lambda a: {"v": _r(3, 7, 4, 80)}, names="head_dim v")]
     yield from cases_for("merge_attention_states_n", ops.merge_attention_states_n, merge_n_build, "v:4h lse:3f out:3h> "
-                         "lse_out:2f>", extras, out(lambda a: a["v"][0], lambda a: a["lse"][0]), overrides=strides("lse"))
+                         "lse_out:2f>", extras, out(lambda a: a["v"][0], lambda a: a["lse"][0]),
+                         overrides={**strides("lse"), **STATE_DTYPES})
     conv = {f"{s}.dtype={d}": must(same(5e-2)) for s in ("s_a", "s") for d in ("bfloat16", "float64")}  # any float
     yield from cases_for("compat.flashinfer.merge_state", flashinfer.merge_state, lambda: merge_build(
         ("v_a", "s_a", "v_b", "s_b")), "v_a:3h s_a:2f v_b:3h", bad("s_a", Lazy("int32", lambda a: a["s_a"].int())),
         peers="v_a v_b", overrides=conv)
     yield from cases_for("compat.flashinfer.merge_states", flashinfer.merge_states, lambda: merge_n_build(("v", "s"), 1),
-                         "v:4h s:3f", overrides=conv)
+                         "v:4h s:3f", overrides={**conv, **STATE_DTYPES})
 
 # ---- chunk_gated_delta_rule and fla's drop-ins: packed varlen, an empty sequence, a tail chunk. ----
 CU_G = [0, 70, 70, 100]
@@ -333,7 +337,8 @@ def gdn_cases():
               *bad("cu_seqlens_cpu", [0, 60, 70, 100], exp=SEQ01_NAN)]  # other values than cu_seqlens: kgen's policy
     yield from cases_for("compat.fla.chunk_gated_delta_rule", fla.chunk_gated_delta_rule, lambda: (lambda a: {
         **a, "cu_seqlens": a["cu_seqlens"].long()})(gdn_build(plan=False)), "q:4h g:3f beta:3f cu_seqlens:1l "
-        "initial_state:4f?", extras, STATE0, "q k v", {**conv, "cu_seqlens.dtype=int32": must()})
+        "initial_state:4f?", extras, STATE0, "q k v", {**conv, "cu_seqlens.dtype=int32": must(),
+        "cu_seqlens.None": must(documented("as in fla: without cu_seqlens, B sequences of T tokens"))}))
     extras = [*bad("gk", Lazy("tensor", lambda a: a["g"])), *bad("gv", Lazy("tensor", lambda a: a["v"].float())),
               *bad("beta", Lazy("per_channel", lambda a: torch.rand(3, 1, 4, 128, device=DEV))), *bad("foo", 1)]
     copied = {f"initial_state.{m}": must() for m in ("dtype=bfloat16", "dtype=float64", "transposed", "strided",
