@@ -338,7 +338,7 @@ def gdn_cases():
     yield from cases_for("compat.fla.chunk_gated_delta_rule", fla.chunk_gated_delta_rule, lambda: (lambda a: {
         **a, "cu_seqlens": a["cu_seqlens"].long()})(gdn_build(plan=False)), "q:4h g:3f beta:3f cu_seqlens:1l "
         "initial_state:4f?", extras, STATE0, "q k v", {**conv, "cu_seqlens.dtype=int32": must(),
-        "cu_seqlens.None": must(documented("as in fla: without cu_seqlens, B sequences of T tokens"))}))
+        "cu_seqlens.None": must(documented("as in fla: without cu_seqlens, B sequences of T tokens"))})
     extras = [*bad("gk", Lazy("tensor", lambda a: a["g"])), *bad("gv", Lazy("tensor", lambda a: a["v"].float())),
               *bad("beta", Lazy("per_channel", lambda a: torch.rand(3, 1, 4, 128, device=DEV))), *bad("foo", 1)]
     copied = {f"initial_state.{m}": must() for m in ("dtype=bfloat16", "dtype=float64", "transposed", "strided",
