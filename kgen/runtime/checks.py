@@ -121,10 +121,13 @@ def refuse_grad(op: str, names: tuple[str, ...], *tensors) -> None:
     """No kgen op has a backward: tensors that require grad, in a grad-enabled context, are refused (by their
     argument's name in ``names``), not detached; anything not a tensor is left to the argument checks. Positional,
     with the names a constant, so that the common call builds nothing."""
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
-        name = next(n for n, t in zip(names, tensors) if isinstance(t, torch.Tensor) and t.requires_grad)
-        raise NoBackwardError(f"{name}: requires grad, and {op} has no backward: call it under torch.no_grad() or on "
-                              f"detached tensors")
+    if not torch.is_grad_enabled():
+        return
+    for t in tensors:  # a plain loop over the tensors alone: a generator, or zip with the names, costs a third more
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            name = next(n for n, u in zip(names, tensors) if u is t)
+            raise NoBackwardError(f"{name}: requires grad, and {op} has no backward: call it under torch.no_grad() "
+                                  f"or on detached tensors")
 
 
 def check_sink(sink, heads_q: int, device: torch.device) -> None:
