@@ -13,6 +13,7 @@ import functools
 import os
 from dataclasses import dataclass
 
+import filelock
 from cuda.core import Device, Kernel, ObjectCode
 
 from kgen import arch as arch_module
@@ -86,7 +87,7 @@ def _cached_or_compiled(variant: Variant, arch: str, source: str) -> BuildResult
         return _compiled(variant, arch, key, source)
     try:
         lock = cache.lock(key)
-        lock.acquire()
+        _acquire_saying_so(lock, variant.name)
     except OSError as exc:
         warn_once("unwritable", str(cache.root),
                   f"kgen: cache folder {cache.root} is not usable ({exc}); compiling in memory")
@@ -105,6 +106,24 @@ def _cached_or_compiled(variant: Variant, arch: str, source: str) -> BuildResult
         return result
     finally:
         lock.release()
+
+
+#: How long a builder waits for a build lock before it says what it waits for (then it waits on, within the
+#: lock's own timeout: kgen.cache.store.LOCK_TIMEOUT_S).
+LOCK_NOTICE_S = 10.0
+
+
+def _acquire_saying_so(lock: filelock.FileLock, variant_name: str) -> None:
+    if lock.timeout <= LOCK_NOTICE_S:
+        lock.acquire()
+        return
+    try:
+        lock.acquire(timeout=LOCK_NOTICE_S)
+    except filelock.Timeout:
+        warn_once("lock wait", str(lock.lock_file),
+                  f"kgen: waiting for {lock.lock_file} (another process is building {variant_name} or a variant "
+                  f"sharing its lock) for at most {lock.timeout:.0f} s more")
+        lock.acquire()
 
 
 def _compiled(variant: Variant, arch: str, key: str, source: str) -> BuildResult:

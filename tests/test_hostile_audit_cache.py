@@ -285,3 +285,27 @@ def test_a_lock_held_without_end_makes_a_build_compile_in_memory_not_hang(prebui
     finally:
         held.release()
     assert DiskCache(folder).clear() == 1
+
+
+def test_a_builder_waiting_on_a_lock_says_so_then_builds(prebuilt, tmp_path, monkeypatch):
+    monkeypatch.setattr(kgen.jit, "LOCK_NOTICE_S", 0.05)
+    folder = tmp_path / "cache"
+    key = the_entry(prebuilt).name[:-len(".cubin.kgen")]
+    held, taken = DiskCache(folder).lock(key), threading.Event()
+
+    def other_builder():  # filelock's locks are per thread: this one takes it, holds it a while, gives it back
+        with held:
+            taken.set()
+            threading.Event().wait(0.5)
+
+    thread = threading.Thread(target=other_builder)
+    thread.start()
+    taken.wait()
+    try:
+        with kgen.config.overrides(KGEN_CACHE_DIR=str(folder)), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = kgen.jit.build(variant(), ARCH)
+    finally:
+        thread.join()
+    assert result.key == key
+    assert any(f"kgen: waiting for {held.lock_file}" in str(w.message) for w in caught)
