@@ -227,8 +227,11 @@ def _parse(text: str, file: Path) -> tuple[Any, yaml.Node]:
         _check_parse_depth(text, file)
         loader = _LOADER(text)  # reading starts here: it can refuse a control character
         root = loader.get_single_node()
-        data = loader.construct_document(root) if root is not None else None
-    except SpecError:  # the depth check's own refusal (a ValueError, which the last clause would rewrap)
+        if root is None:
+            raise SpecError(file, "", None, "empty spec file")
+        _check_nodes(root, file)  # before constructing flattens merge keys (where an override looks like a duplicate)
+        data = loader.construct_document(root)
+    except SpecError:  # the checks' own refusals (ValueErrors, which the last clause would rewrap)
         raise
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -248,8 +251,6 @@ def _parse(text: str, file: Path) -> tuple[Any, yaml.Node]:
     finally:
         if loader is not None:
             loader.dispose()
-    if root is None:
-        raise SpecError(file, "", None, "empty spec file")
     return data, root
 
 
@@ -363,7 +364,6 @@ def load_spec_file(path: Path | str) -> SpecFile:
     """Read, validate and expand one spec file, or raise :class:`SpecError`."""
     file = Path(path)
     data, root = _parse(_read_text(file), file)
-    _check_nodes(root, file)
     error = jsonschema.exceptions.best_match(VALIDATOR.iter_errors(data))
     if error is not None:
         raise _schema_error(error, root, file)

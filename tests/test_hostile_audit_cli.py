@@ -257,3 +257,14 @@ def test_cache_import_of_a_fifo_is_refused_without_waiting_for_a_writer(env, tmp
 def test_cache_export_refuses_an_empty_wheel_folder(env):
     result = invoke(["cache", "export", "--wheel", ""], env)
     assert result.exit_code == 2 and "--wheel" in result.output and "is empty" in result.output
+
+
+def test_a_yaml_merge_key_may_be_overridden_but_a_key_may_not_be_repeated(tmp_path):
+    merged = spec_folder(tmp_path, OWNER + "description: {<<: {a: 1, b: 2}, a: 3}\n", folder="merged")
+    try:
+        load_spec_file(merged / "s.yaml")
+    except SpecError as exc:  # the schema may refuse the value; the merge itself is valid YAML
+        assert "duplicate key" not in str(exc)
+    repeated = spec_folder(tmp_path, OWNER + "description: {a: 1, a: 2}\n", folder="repeated")
+    with pytest.raises(SpecError, match="description.a: duplicate key"):
+        load_spec_file(repeated / "s.yaml")
