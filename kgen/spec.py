@@ -14,9 +14,7 @@ registry's) can point at a line too.
 from __future__ import annotations
 
 import itertools
-import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from kgen.files import FileTooLarge, NotARegularFile, read_regular_file
 from kgen.spec_schema import VALIDATOR, variant_count_problem, yaml_spelling
 
 #: Aliases can make a tiny file expand to a huge document; refuse anything this large.
@@ -270,22 +269,15 @@ def _check_parse_depth(text: str, file: Path) -> None:
 
 
 def _read_bytes(file: Path) -> bytes:
-    """The bytes of ``file``, a regular file of at most :data:`MAX_SPEC_BYTES`: a link to /dev/zero would grow
-    without bound and a FIFO would block every command, so neither is opened for reading."""
+    """The bytes of ``file``, a regular file of at most :data:`MAX_SPEC_BYTES` (see :mod:`kgen.files`)."""
     try:
-        if not stat.S_ISREG(os.stat(file).st_mode):
-            raise SpecError(file, "", None, "not a regular file (a device, FIFO, socket or folder); specs are files")
-        # O_NONBLOCK: should the path have become a FIFO since, opening it does not wait for a writer.
-        fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with open(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise SpecError(file, "", None, "not a regular file; specs are files")
-            raw = handle.read(MAX_SPEC_BYTES + 1)
+        return read_regular_file(file, MAX_SPEC_BYTES)
+    except NotARegularFile:
+        raise SpecError(file, "", None, "not a regular file (a device, FIFO, socket or folder); specs are files") from None
+    except FileTooLarge:
+        raise SpecError(file, "", None, f"larger than {MAX_SPEC_BYTES} bytes, the most a spec may be") from None
     except OSError as exc:
         raise SpecError(file, "", None, f"cannot read: {exc}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError(file, "", None, f"larger than {MAX_SPEC_BYTES} bytes, the most a spec may be")
-    return raw
 
 
 def _read_text(file: Path) -> str:

@@ -37,7 +37,6 @@ import json
 import os
 import re
 import secrets
-import stat
 import struct
 import warnings
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from cuda.core.utils import make_program_cache_key
 
 from kgen import __version__
 from kgen.compiler import PROGRAM_NAME, RECORD_FORMAT, BuildRecord, header_digest, nvrtc_version, program_options
+from kgen.files import read_regular_file
 
 _MAGIC = b"KGENCUBIN4"
 _HEADER_LEN = struct.Struct("<I")
@@ -167,32 +167,6 @@ def _check_fields(entry: CacheEntry) -> None:
     if not (isinstance(entry.key, str) and isinstance(entry.variant_name, str) and isinstance(record.arch, str)
             and type(record.compile_ms) in (int, float) and all(type(n) is int for n in numbers)):
         raise ValueError("its header is malformed (a field of the wrong type)")
-
-
-def read_regular_file(path: Path, cap: int) -> bytes:
-    """The bytes of the regular file at ``path`` (links followed), at most ``cap`` of them.
-
-    Raises ``ValueError`` if it is not a regular file (a FIFO, a device, a folder: checked before it is opened,
-    so that one named like an entry can neither block the reader nor feed it without end) or holds over
-    ``cap`` bytes (checked before a byte is read); ``OSError`` if it cannot be read.
-    """
-    _check_regular(os.stat(path), cap)
-    # O_NONBLOCK: a FIFO put in its place since the stat does not block the open; fstat then refuses it.
-    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)), "rb") as f:
-        _check_regular(os.fstat(f.fileno()), cap)
-        data = f.read(cap + 1)
-    if len(data) > cap:
-        raise ValueError(f"it holds over the {cap >> 20} MiB kgen reads")
-    return data
-
-
-def _check_regular(info: os.stat_result, cap: int) -> None:
-    if not stat.S_ISREG(info.st_mode):
-        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) else \
-            "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket or special file"
-        raise ValueError(f"it is {kind}, not a regular file")
-    if info.st_size > cap:
-        raise ValueError(f"it is {info.st_size} bytes, over the {cap >> 20} MiB kgen reads")
 
 
 class DiskCache:
