@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -263,12 +264,16 @@ def run_standalone(doc: str | None, run: Callable[[Path, argparse.Namespace], An
     return 0
 
 
-def fla_gated_delta_rule(name: str) -> tuple[Callable | None, str]:
-    """``fla.ops.gated_delta_rule.<name>`` (fla-core, a benchmark peer, never a dependency; FLA_FLASH_QLA=0 keeps
-    fla 0.6 from dispatching to FlashQLA), or None and the reason it is not there."""
-    os.environ.setdefault("FLA_FLASH_QLA", "0")
+def peer_function(module: str, name: str) -> tuple[Callable | None, str]:
+    """``<module>.<name>`` of a benchmark peer (never a dependency), or None and the reason it is not there."""
     try:
-        import fla.ops.gated_delta_rule as fla_gdn
+        found = importlib.import_module(module)
     except Exception as exc:  # not installed, or it fails to import on this machine
         return None, f"unavailable: {type(exc).__name__}: {exc}"[:200]
-    return getattr(fla_gdn, name), "ok"
+    return getattr(found, name), "ok"
+
+
+def fla_gated_delta_rule(name: str) -> tuple[Callable | None, str]:
+    """``fla.ops.gated_delta_rule.<name>`` (fla-core; FLA_FLASH_QLA=0 keeps fla 0.6 from dispatching to FlashQLA)."""
+    os.environ.setdefault("FLA_FLASH_QLA", "0")
+    return peer_function("fla.ops.gated_delta_rule", name)

@@ -1,7 +1,8 @@
 """Figures of benchmark results, from the JSON files the benchmarks wrote into a results folder.
 
-bench_gdn.png: the gated delta rule (the chunked forward's kgen/fla ratio per issue shape against its
-bar, the boundary sweep's kgen and fla times over L, the decode step against a device copy and fla),
+bench_gdn.png: the gated delta rule (the chunked forward's kgen/FlashQLA and kgen/fla ratios per issue
+shape and gate regime, the boundary sweep's kgen, FlashQLA and fla times over L, the decode step against
+a device copy and fla),
 from bench_gdn_chunk.json, bench_gdn_sweep.json and bench_gdn_step.json. bench_attention_decode.png:
 decode attention's TB/s per shape for kgen (contiguous, paged 16 and 64), cuDNN, flash and a device
 copy, from bench_attention_decode.json. Each figure is drawn from the files that exist. Needs
@@ -20,6 +21,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+import numpy as np  # noqa: E402
 
 
 def rows(folder: Path, name: str) -> list[dict]:
@@ -28,25 +30,29 @@ def rows(folder: Path, name: str) -> list[dict]:
 
 
 def chunk_panel(ax, chunk: list[dict]) -> None:
-    labels = [row["shape"] for row in chunk]
-    ax.bar(range(len(chunk)), [row.get("kgen_over_fla", float("nan")) for row in chunk], label="kgen / fla")
-    ax.scatter(range(len(chunk)), [float(row["bar"].split()[-1]) for row in chunk], color="red", marker="_",
-               s=400, label="bar", zorder=3)
-    ax.set_xticks(range(len(chunk)), labels, rotation=30, ha="right", fontsize=8)
+    labels = [f"{row['shape']} {row['gates']}" for row in chunk]
+    x = np.arange(len(chunk))
+    for offset, key, label in ((-0.2, "kgen_over_flashqla", "kgen / FlashQLA"), (0.2, "kgen_over_fla", "kgen / fla")):
+        ax.bar(x + offset, [row.get(key, float("nan")) for row in chunk], width=0.4, label=label)
+    ax.axhline(1.0, color="red", linewidth=1, label="bar (FlashQLA)")
+    ax.set_xticks(x, labels, rotation=40, ha="right", fontsize=7)
     ax.set_ylabel("time ratio")
     ax.set_title("chunked forward, K = V = 128")
     ax.legend(fontsize=8)
 
 
 def sweep_panel(ax, sweep: list[dict]) -> None:
-    lengths = [row["L"] for row in sweep]
-    ax.plot(lengths, [row["kgen_us"] for row in sweep], "o-", markersize=3, label="kgen")
-    ax.plot(lengths, [row.get("fla_us", float("nan")) for row in sweep], "s-", markersize=3, label="fla")
+    for gates, style in (("strong", "-"), ("flashqla", ":")):
+        rows = [row for row in sweep if row.get("gates", "strong") == gates]
+        lengths = [row["L"] for row in rows]
+        for key, label, marker in (("kgen_us", "kgen", "o"), ("flashqla_us", "FlashQLA", "^"), ("fla_us", "fla", "s")):
+            ax.plot(lengths, [row.get(key, float("nan")) for row in rows], marker + style, markersize=3,
+                    label=f"{label}, {gates} gates")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("L (N = min(4096, 131072 / L), H = HV = 12)")
     ax.set_ylabel("us")
     ax.set_title("boundary sweep")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=6)
 
 
 def step_panel(ax, step: list[dict]) -> None:
