@@ -232,3 +232,42 @@ def test_a_varlen_plan_for_a_batch_without_cu_seqlens_is_refused():
     even = plan_chunk_gated_delta_rule([0, 50, 100], num_heads_v=4, head_dim=128)
     assert torch.equal(chunk_gated_delta_rule(q, k, v, g, beta, plan=even)[0], chunk_gated_delta_rule(q, k, v, g, beta)[0])
 
+
+def _split_runs(g_scale, layout, seed, lengths=(2100, 77, 1000), segment_chunks=2):
+    """(default plan's o and final states, exact_split's, the float64 reference's) on sequences split into segments of
+    ``segment_chunks`` chunks, gates g = g_scale * logsigmoid(randn) (unit-norm keys, beta in [0, 1])."""
+    heads_v = 4
+    cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    q, k, v, _, beta = make_inputs(lengths, 2, 2, 128, torch.bfloat16, False, True, seed=seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    g = g_scale * torch.nn.functional.logsigmoid(torch.randn(1, cu_host[-1], heads_v, generator=gen, device="cuda"))
+    initial = torch.randn(3, heads_v, 128, 128, generator=gen, device="cuda")
+    runs = [chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, cu_seqlens=cu,
+                                   state_layout=layout, plan=plan_chunk_gated_delta_rule(
+                                       cu_host, num_heads_v=heads_v, head_dim=128, segment_chunks=segment_chunks,
+                                       exact_split=exact))
+            for exact in (False, True)]
+    return runs, ref.recurrent(q, k, v, g, beta, initial_state=initial, cu_seqlens=cu_host, state_layout=layout)
+
+
+@pytest.mark.parametrize("layout, g_scale, lengths, segment_chunks", [
+    # Strong decay (the issue's benchmark gates): every chunk sums far below -17, so a summary runs its last chunk.
+    ("kv", 1.0, (2100, 77, 1000), 2), ("vk", 1.0, (2100, 77, 1000), 2),
+    # A chunk sums to about -0.6: the gates fall below -17 about 29 chunks before a 40-chunk segment's end, past the
+    # first 16 chunks the summary's backward walk sums at a time.
+    ("kv", 0.0115, (6000, 77, 1000), 40)])
+def test_the_decay_bounded_shortcut_equals_the_exact_split_within_fp32_rounding(layout, g_scale, lengths, segment_chunks):
+    (fast, exact), (o_ref, s_ref) = _split_runs(g_scale, layout, 31, lengths, segment_chunks)
+    assert ref.rel_rms(fast[1], exact[1]) <= 1e-6  # the fp32 final states
+    # o is bf16: the states' last-bit differences may round an element to its neighbour, never further.
+    ulp = torch.finfo(torch.bfloat16).eps * exact[0].float().abs().clamp_min(torch.finfo(torch.bfloat16).tiny)
+    assert ((fast[0].float() - exact[0].float()).abs() <= ulp).all()
+    assert ref.rel_rms(fast[0], o_ref) <= ref.RMS_BAR and ref.rel_rms(fast[1], s_ref) <= ref.RMS_BAR
+
+
+def test_without_strong_decay_the_shortcut_never_applies():
+    # Gates of about -0.001 per token: a segment sums to about -0.15, so the default plan computes exactly what
+    # exact_split does.
+    (fast, exact), _ = _split_runs(0.0015, "kv", 32)
+    assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])

@@ -168,3 +168,11 @@ def test_the_ops_accept_the_state_layouts_and_dtypes_their_spec_offers(family):
     assert list(axes.state_layouts) == spec.supported("state_layout")
     assert sorted(DTYPE_NAMES[d] for d in axes.dtypes) == spec.supported("dtype")
 
+
+def test_exact_split_is_a_plan_choice_that_its_recipe_keeps():
+    exact = plan_chunk_gated_delta_rule([0, 4096], num_heads_v=4, head_dim=128, segment_chunks=4, exact_split=True)
+    assert exact.exact_split and "exact_split=True" in repr(exact)
+    assert ChunkRecipe.of(exact).plan().exact_split
+    assert not plan_chunk_gated_delta_rule([0, 4096], num_heads_v=4, head_dim=128).exact_split
+    with pytest.raises(TypeError, match="exact_split: expected a bool, got 1"):
+        plan_chunk_gated_delta_rule([0, 4096], num_heads_v=4, exact_split=1)

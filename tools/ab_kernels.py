@@ -32,9 +32,17 @@ PREFILL = [("prefill hd128 2x8192 causal", [8192] * 2, 16, 128, True),
            ("prefill hd128 8x2048 causal", [2048] * 8, 16, 128, True),
            ("prefill hd64 4x4096 causal", [4096] * 4, 32, 64, True),
            ("prefill hd128 64 short causal", [50 + (37 * i) % 250 for i in range(64)], 16, 128, True)]
-#: (name, lengths, H, HV)
-GDN = [("gdn 1x32768 2/8", [32768], 2, 8), ("gdn 1x32768 16/32", [32768], 16, 32), ("gdn 4x8192 16/32", [8192] * 4, 16, 32),
-       ("gdn 8x1024 16/32", [1024] * 8, 16, 32), ("gdn 1x2048 32/32", [2048], 32, 32)]
+#: (name, lengths, H, HV, weak gates, plan options); exact_split only where the tree has it. Gates are strong,
+#: logsigmoid(randn), or weak: FlashQLA's benchmark gates, logsigmoid(randn) / 16 with a quarter of the heads at 0.
+EXACT = {"exact_split": True}
+GDN = [("gdn 1x32768 2/8", [32768], 2, 8, False, {}), ("gdn 1x32768 2/8 exact_split", [32768], 2, 8, False, EXACT),
+       ("gdn 1x32768 2/8 weak", [32768], 2, 8, True, {}),
+       ("gdn 1x32768 2/8 weak exact_split", [32768], 2, 8, True, EXACT),
+       ("gdn 1x32768 16/32", [32768], 16, 32, False, {}), ("gdn 1x32768 16/32 exact_split", [32768], 16, 32, False, EXACT),
+       ("gdn 1x32768 16/32 weak", [32768], 16, 32, True, {}),
+       ("gdn 1x32768 16/32 weak exact_split", [32768], 16, 32, True, EXACT),
+       ("gdn 4x8192 16/32", [8192] * 4, 16, 32, False, {}), ("gdn 8x1024 16/32", [1024] * 8, 16, 32, False, {}),
+       ("gdn 1x2048 32/32", [2048], 32, 32, False, {})]
 
 
 def cumulative(lengths: list[int]) -> list[int]:
@@ -50,17 +58,20 @@ def prefill_us(lengths, heads, head_dim, causal) -> float:
     return 1e3 * time_graph(lambda: attention_varlen(q, k, v, cu, cu, causal=causal, plan=plan, out=out))
 
 
-def gdn_us(lengths, heads, heads_v) -> float:
+def gdn_us(lengths, heads, heads_v, weak, options) -> float:
     cu_host = cumulative(lengths)
     cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
     total = cu_host[-1]
-    # Unit-norm keys and strong decay, as the benchmark: g = logsigmoid(randn).
+    # Unit-norm keys, as the benchmark.
     q, k = (torch.nn.functional.normalize(torch.randn((1, total, heads, 128), device="cuda"), dim=-1).to(torch.bfloat16)
             for _ in range(2))
     v = torch.randn((1, total, heads_v, 128), device="cuda", dtype=torch.bfloat16)
     g = torch.nn.functional.logsigmoid(torch.randn((1, total, heads_v), device="cuda"))
+    if weak:
+        g = g / 16
+        g[..., : heads_v // 4] = 0
     beta = torch.rand((1, total, heads_v), device="cuda")
-    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=heads_v, device="cuda")
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=heads_v, device="cuda", **options)
     out = torch.empty_like(v)
     return 1e3 * time_graph(lambda: chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, plan=plan, out=out,
                                                            output_final_state=True), replays_per_sample=20)
@@ -78,10 +89,14 @@ def main() -> None:
             continue
         print(json.dumps({"label": args.label, "case": name, "us": round(prefill_us(lengths, heads, head_dim, causal), 2)}),
               flush=True)
-    for name, lengths, heads, heads_v in GDN:
+    for name, lengths, heads, heads_v, weak, options in GDN:
         if args.only not in name:
             continue
-        print(json.dumps({"label": args.label, "case": name, "us": round(gdn_us(lengths, heads, heads_v), 2)}), flush=True)
+        try:
+            us = round(gdn_us(lengths, heads, heads_v, weak, options), 2)
+        except TypeError as exc:  # an option this tree's planner lacks
+            us = f"not in this tree: {exc}"
+        print(json.dumps({"label": args.label, "case": name, "us": us}), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,53 @@ __device__ __forceinline__ long long state_at(int key, int value) {
     return kKeyMajor ? static_cast<long long>(key) * kHeadDim + value : static_cast<long long>(value) * kHeadDim + key;
 }
 
+// The decay-bounded shortcut of a segment's summary: the last of the segment's `chunks` chunks (from token
+// first_token, in rows of heads_v gates; tokens from end_token on count as no gate) from which head_v's gates
+// to the segment's end sum below `negligible`, or -1 where there is none (always when negligible is -inf).
+// What the state before that chunk passes to the segment's end is then below fp32 rounding. Walked back
+// from the end kWalkChunks chunks at a time by every thread of a block of kThreads, each summing
+// kTokensPerThread gates; `scratch` holds kWalkChunks floats no one else uses yet. Every thread returns the
+// same chunk (each adds the chunk totals in the same order).
+template <int kThreads>
+__device__ __forceinline__ int negligible_since(const float* g, int first_token, int chunks, int end_token, int heads_v,
+                                                 int head_v, float negligible, float* scratch) {
+    constexpr int kTokensPerThread = 8, kThreadsPerChunk = kChunk / kTokensPerThread;
+    constexpr int kWalkChunks = kThreads / kThreadsPerChunk;
+    static_assert(kChunk % kTokensPerThread == 0 && kThreadsPerChunk <= 32 && 32 % kThreadsPerChunk == 0,
+                  "a chunk's gates are summed by lanes of one warp");
+    if (!(negligible > -inf())) return -1;
+    const int segment_end = min(end_token, first_token + chunks * kChunk);
+    float running = 0.f;
+    for (int top = chunks; top > 0; top -= kWalkChunks) {  // chunks [top - kWalkChunks, top)
+        const int chunk = top - kWalkChunks + static_cast<int>(threadIdx.x) / kThreadsPerChunk;
+        const int token0 = first_token + chunk * kChunk + (threadIdx.x % kThreadsPerChunk) * kTokensPerThread;
+        float gates[kTokensPerThread];
+#pragma unroll
+        for (int i = 0; i < kTokensPerThread; ++i) {
+            const int token = token0 + i;
+            gates[i] = chunk >= 0 && token < segment_end ? g[static_cast<long long>(token) * heads_v + head_v] : 0.f;
+        }
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < kTokensPerThread; ++i) sum += gates[i];
+#pragma unroll
+        for (int offset = kThreadsPerChunk / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        if (threadIdx.x % kThreadsPerChunk == 0) scratch[threadIdx.x / kThreadsPerChunk] = sum;
+        __syncthreads();
+        int found = -1;
+        for (int j = kWalkChunks - 1; j >= 0 && top - kWalkChunks + j >= 0; --j) {
+            running += scratch[j];
+            if (running < negligible) {
+                found = top - kWalkChunks + j;
+                break;
+            }
+        }
+        __syncthreads();  // scratch is rewritten by the next step
+        if (found >= 0) return found;
+    }
+    return -1;
+}
+
 template <class Config>
 struct Recurrence {
     using T = typename Config::T;
@@ -63,13 +110,14 @@ struct Recurrence {
                                                long long cu_seqlens_is_int64, const float* __restrict__ initial_state,
                                                const float* __restrict__ start_states, float* __restrict__ summary,
                                                T* __restrict__ out, float* __restrict__ final_state, long long num_heads,
-                                               long long num_heads_v, float scale, long long use_qk_l2norm) {
+                                               long long num_heads_v, float scale, long long use_qk_l2norm,
+                                               float negligible_log_decay) {
         extern __shared__ unsigned char smem_bytes[];
         Shared& smem = *reinterpret_cast<Shared*>(kgen::align_up<kgen::kSwizzleAlignment>(smem_bytes));
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int* const segment = segments + kSegmentFields * blockIdx.z;
-        const int sequence = segment[kSequence], first_token = segment[kFirstToken], end_token = segment[kEndToken];
-        const int first_chunk = segment[kFirstChunk], chunks = segment[kChunks];
+        const int sequence = segment[kSequence], end_token = segment[kEndToken];
+        int first_token = segment[kFirstToken], first_chunk = segment[kFirstChunk], chunks = segment[kChunks];
         const int heads_v = static_cast<int>(num_heads_v), head_v = blockIdx.y;
         const int head = head_v / (heads_v / static_cast<int>(num_heads));
         const int column0 = blockIdx.x * kSliceV;
@@ -84,6 +132,19 @@ struct Recurrence {
             kgen::mbarrier_init_fence();
         }
         __syncthreads();
+        // The decay-bounded shortcut (negligible_log_decay = -inf: never): where the gates from some chunk to the
+        // segment's end sum below it, the state before that chunk reaches the end below fp32 rounding (transitions
+        // have norm at most e^sum for non-expanding tokens: see the planner's exact_split). So M is 0 and runs no
+        // chunk, and h runs from that chunk on, from a zero state.
+        bool negligible = false;
+        if (kSummary) {
+            const int from = negligible_since<kThreads>(g, first_token, chunks, end_token, heads_v, head_v,
+                                                        negligible_log_decay, smem.q_scale);
+            negligible = from >= 0;
+            const int skipped = negligible ? from : 0;
+            first_token += skipped * kChunk, first_chunk += skipped, chunks -= skipped;
+            if (negligible && transition) chunks = 0;
+        }
         auto token_of = [&](int c) { return first_token + c * kChunk; };
         // Only a segment's last chunk can be incomplete, so a full chunk's loads are its barriers'
         // (c / 2)-th (K) and c-th (the others) phases.
@@ -181,7 +242,7 @@ struct Recurrence {
                 for (int e = 0; e < 4; ++e) {
                     const int column = row + (e / 2) * 8, key = 8 * n + fragment_column + e % 2;
                     if (kSummary) {
-                        s[n][e] = transition && key == column0 + column ? 1.f : 0.f;
+                        s[n][e] = transition && !negligible && key == column0 + column ? 1.f : 0.f;
                     } else {
                         const int value = value0 + column;
                         s[n][e] = start == nullptr ? (refused ? quiet_nan() : 0.f)

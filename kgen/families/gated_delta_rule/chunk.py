@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from kgen.families.gated_delta_rule.axes import spec_axes
-from kgen.families.gated_delta_rule.planner import (CHUNK_FAMILY, ChunkGatedDeltaRulePlan, fixed_length_plan,
-                                                    plan_chunk_gated_delta_rule)
+from kgen.families.gated_delta_rule.planner import (CHUNK_FAMILY, NEGLIGIBLE_LOG_DECAY, ChunkGatedDeltaRulePlan,
+                                                    fixed_length_plan, plan_chunk_gated_delta_rule)
 from kgen.launch import KernelLauncher, current_device
 from kgen.runtime import tma
 from kgen.runtime.checks import INT32_LIMIT, check_bool, check_dense_rows, check_scale, check_shape, check_tensor
@@ -215,7 +215,8 @@ def _launch(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale
         "cu_seqlens_is_int64": int(cu_seqlens is not None and cu_seqlens.dtype is torch.int64), "initial_state": initial,
         "start_states": 0 if starts is None else starts.data_ptr(), "summary": 0, "out": out.data_ptr(),
         "final_state": 0 if final is None else final.data_ptr(), "num_heads": heads, "num_heads_v": heads_v,
-        "scale": np.float32(scale), "use_qk_l2norm": l2norm}
+        "scale": np.float32(scale), "use_qk_l2norm": l2norm,
+        "negligible_log_decay": np.float32(-np.inf if plan.exact_split else NEGLIGIBLE_LOG_DECAY)}
     if summaries is not None:
         # The summary takes the forward's parameters, with its own segments and its summaries as the only output.
         kernels.summary.launch((2 * head_dim // slice_v, heads_v, len(plan.summary_segments)),

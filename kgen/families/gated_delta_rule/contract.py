@@ -36,7 +36,7 @@ _GDN_RECURRENCE_PARAMETERS = parameters(
     "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, kgen::TmaDescriptor map_tbeta, "
     "const T* q, const T* k, const T* v, const float* g, const T* tbeta, const int* segments, "
     "const void* cu_seqlens, long long cu_seqlens_is_int64, const float* initial_state, const float* start_states, float* summary, T* out, float* final_state, "
-    "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm")
+    "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm, float negligible_log_decay")
 #: Fields of a segment row, as the planner writes them and the recurrence reads them (recurrence.cuh's
 #: SegmentField): the segment's tokens and chunks, its summary and start-state slots (-1: none), whether it
 #: writes its sequence's final state, and its sequence's first token, which with ``end_token`` are the bounds

@@ -17,12 +17,15 @@ import torch
 from kgen import registry
 from kgen.families.gated_delta_rule.contract import GDN_SEGMENT_FIELDS
 from kgen.families.gated_delta_rule.schedule import ChunkSchedule, RecurrenceCosts, plan_chunks
-from kgen.runtime.checks import INT32_LIMIT, check_int, check_plan_device, seqlens_from_cu
+from kgen.runtime.checks import INT32_LIMIT, check_bool, check_int, check_plan_device, seqlens_from_cu
 from kgen.runtime.device import GRID_YZ_LIMIT, sm_count
 from kgen.runtime.dispatch import SpecPathMemo, contract
 from kgen.runtime.tables import DeviceTables
 
 CHUNK_FAMILY = "gated_delta_rule_chunk"
+#: A summed log-gate below which a transition (of norm at most e^sum, see exact_split) is below half an fp32
+#: ulp of 1 (e^-17 = 4.1e-8 < 2^-24 = 6.0e-8): the summary of a segment passes no state from before it on.
+NEGLIGIBLE_LOG_DECAY = -17.0
 _SUMMARY_SLOT, _CHUNKS = GDN_SEGMENT_FIELDS.index("summary_slot"), GDN_SEGMENT_FIELDS.index("chunks")
 
 
@@ -41,7 +44,8 @@ class ChunkGatedDeltaRulePlan:
     def __repr__(self) -> str:
         # A summary: the chunk and segment tables have a row per chunk.
         return (f"ChunkGatedDeltaRulePlan({self.num_seqs} sequences, {len(self.chunks)} chunks, {len(self.segments)} "
-                f"segments, num_heads_v={self.num_heads_v}, head_dim={self.head_dim}, value_slice={self.value_slice})")
+                f"segments, num_heads_v={self.num_heads_v}, head_dim={self.head_dim}, value_slice={self.value_slice}"
+                f"{', exact_split=True' if self.exact_split else ''})")
 
 
     schedule: ChunkSchedule
@@ -61,6 +65,8 @@ class ChunkGatedDeltaRulePlan:
     #: int32 [sequences split, 3]: sequence, first summary slot, summaries.
     chains: np.ndarray
     num_summaries: int
+    #: Run every split exactly, without the decay-bounded shortcut (see :func:`plan_chunk_gated_delta_rule`).
+    exact_split: bool
     #: (chunks, segments, summary segments, chains) on each device they ran on: ``tables.on(device)``.
     tables: DeviceTables = field(init=False, repr=False)
 
@@ -122,7 +128,8 @@ def _recurrence(head_dim: int, tile_n: int | None) -> _Recurrence:
 
 def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int = 128, num_sms: int | None = None,
                                 tile_n: int | None = None, segment_chunks: int | None = None,
-                                device: torch.device | str | None = None) -> ChunkGatedDeltaRulePlan:
+                                device: torch.device | str | None = None, exact_split: bool = False
+                                ) -> ChunkGatedDeltaRulePlan:
     """Plan :func:`chunk_gated_delta_rule` for the sequences delimited by ``cu_seqlens``.
 
     Args:
@@ -134,10 +141,18 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
         segment_chunks: force the split: segments of this many chunks (default: the planner's cost
             model decides).
         device: copy the tables there now (needed before CUDA-graph capture).
+        exact_split: compute every split sequence's start states in full. By default (decided on the device,
+            from the gates) a segment's summary starts at the last chunk from which the gates to the segment's
+            end sum below :data:`NEGLIGIBLE_LOG_DECAY`, and passes no start state through the segment: with
+            unit-norm keys (l2norm, in the kernel or before) and beta in [0, 2] each token's ``I - beta k k^T``
+            does not expand, so what is dropped is below fp32 rounding of the result. Under strong decay a
+            summary then runs a chunk or two, not the whole segment. Keys of other norms need
+            ``exact_split=True``.
     """
     seqlens = seqlens_from_cu(cu_seqlens, "cu_seqlens")
     check_int("num_heads_v", num_heads_v, minimum=1, maximum=GRID_YZ_LIMIT)
     check_int("head_dim", head_dim, minimum=1)
+    check_bool("exact_split", exact_split)
     for name, value in (("tile_n", tile_n), ("segment_chunks", segment_chunks)):
         if value is not None:
             check_int(name, value, minimum=1)
@@ -161,7 +176,8 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
     plan = ChunkGatedDeltaRulePlan(schedule=schedule, num_heads_v=num_heads_v, head_dim=head_dim,
                                    value_slice=recurrence.value_slice, cu_seqlens=tuple(starts.tolist()),
                                    chunks=_chunk_table(schedule, starts), segments=rows,
-                                   summary_segments=rows[rows[:, _SUMMARY_SLOT] >= 0], chains=chains, num_summaries=num_summaries)
+                                   summary_segments=rows[rows[:, _SUMMARY_SLOT] >= 0], chains=chains, num_summaries=num_summaries,
+                                   exact_split=exact_split)
     if device is not None:
         plan.tables.on(device)
     return plan

@@ -24,6 +24,7 @@ class ChunkRecipe(NamedTuple):
     value_slice: int
     #: The segment length the planner chose.
     segment_chunks: int
+    exact_split: bool
     cu_seqlens: tuple[int, ...]
 
     @property
@@ -32,19 +33,22 @@ class ChunkRecipe(NamedTuple):
 
     @classmethod
     def of(cls, plan: ChunkGatedDeltaRulePlan) -> ChunkRecipe:
-        return cls(plan.num_heads_v, plan.head_dim, plan.value_slice, plan.schedule.segment_chunks, plan.cu_seqlens)
+        return cls(plan.num_heads_v, plan.head_dim, plan.value_slice, plan.schedule.segment_chunks, plan.exact_split,
+                   plan.cu_seqlens)
 
     def ints(self) -> list[int]:
-        return [self.num_heads_v, self.head_dim, self.value_slice, self.segment_chunks, *self.cu_seqlens]
+        return [self.num_heads_v, self.head_dim, self.value_slice, self.segment_chunks, int(self.exact_split),
+                *self.cu_seqlens]
 
     @classmethod
     def from_ints(cls, ints: Sequence[int]) -> ChunkRecipe:
-        num_heads_v, head_dim, value_slice, segment_chunks, *cu_seqlens = ints
-        return cls(num_heads_v, head_dim, value_slice, segment_chunks, tuple(cu_seqlens))
+        num_heads_v, head_dim, value_slice, segment_chunks, exact_split, *cu_seqlens = ints
+        return cls(num_heads_v, head_dim, value_slice, segment_chunks, bool(exact_split), tuple(cu_seqlens))
 
     def plan(self) -> ChunkGatedDeltaRulePlan:
         return plan_chunk_gated_delta_rule(list(self.cu_seqlens), num_heads_v=self.num_heads_v, head_dim=self.head_dim,
-                                           tile_n=self.value_slice, segment_chunks=self.segment_chunks)
+                                           tile_n=self.value_slice, segment_chunks=self.segment_chunks,
+                                           exact_split=self.exact_split)
 
 
 def plan_from_recipe(recipe: tuple[int, ...], tables: Sequence[torch.Tensor]) -> ChunkGatedDeltaRulePlan:
