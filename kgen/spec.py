@@ -326,9 +326,10 @@ def _check_assignment(data: dict, section: str, root: yaml.Node, file: Path) -> 
             if axis not in values:
                 raise SpecError(file, _format_path(base + (axis,)), _line_of(root, base + (axis,)),
                                 f"{axis!r} is not an axis of this spec; axes: {sorted(values)}")
-            if section == "defaults" and value not in values[axis]:
+            if value not in values[axis]:  # an exclusion of an absent value excludes nothing: a typo
+                what = "default" if section == "defaults" else "excluded value"
                 raise SpecError(file, _format_path(base + (axis,)), _line_of(root, base + (axis,)),
-                                f"default {value!r} is not among the axis values {values[axis]}")
+                                f"{what} {value!r} is not among the axis values {values[axis]}")
 
 
 def _expand(data: dict) -> tuple[tuple[tuple[str, Any], ...], ...]:

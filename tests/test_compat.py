@@ -534,6 +534,17 @@ def test_merge_errors_name_the_argument(fake, call, name):
     assert fake.calls == []
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda v, s: compat_fi.merge_state(v[:, 0].to("meta"), s[:, 0], v[:, 1], s[:, 1]), r"^s_a: on cpu, v_a on meta"),
+    (lambda v, s: compat_fi.merge_states(v.to("meta"), s), r"^s: on cpu, v on meta"),
+])
+def test_merge_device_errors_name_the_states_too(fake, call, message):
+    v, s = merge_inputs((6, 2, 4, 8))
+    with pytest.raises(ValueError, match=message):
+        call(v, s)
+    assert fake.calls == []
+
+
 # ---------------------------------------------------------------------------------------------
 # fla
 

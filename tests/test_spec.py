@@ -203,6 +203,13 @@ LINE_CASES = [
         exclude:
           - {num_warp: 1}
         """, "exclude[0].num_warp", 5, "unknown key 'num_warp'"),
+    ("exclusion-of-an-absent-value", """
+        family: demo
+        axes:
+          num_warps: [1, 2]
+        exclude:
+          - {num_warps: 4}
+        """, "exclude[0].num_warps", 5, "excluded value 4 is not among the axis values"),
     ("default-not-among-values", """
         family: demo
         axes:

@@ -40,8 +40,8 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
     """
     refuse_grad("merge_state", ("v_a", "s_a", "v_b", "s_b"), v_a, s_a, v_b, s_b)
     shape = _rows_of("v_a", v_a, 3, "[seq_len, num_heads, head_dim]")
-    s_a = _natural("s_a", s_a, v_a, shape, "[seq_len, num_heads] of v_a")
-    s_b = _natural("s_b", s_b, v_a, shape, "[seq_len, num_heads] of v_a")
+    s_a = _natural("s_a", s_a, "v_a", v_a, shape, "[seq_len, num_heads] of v_a")
+    s_b = _natural("s_b", s_b, "v_a", v_a, shape, "[seq_len, num_heads] of v_a")
     v, lse = _ops.merge_attention_states(v_a, s_a, v_b, s_b)
     return v, lse.mul_(_LOG2E)
 
@@ -58,7 +58,7 @@ def merge_states(v: torch.Tensor, s: torch.Tensor):
     """
     refuse_grad("merge_states", ("v", "s"), v, s)
     shape = _rows_of("v", v, 4, "[seq_len, num_states, num_heads, head_dim]")
-    s = _natural("s", s, v, shape, "[seq_len, num_states, num_heads] of v")
+    s = _natural("s", s, "v", v, shape, "[seq_len, num_states, num_heads] of v")
     # kgen stacks the states on dim 0 and reads each state's rows contiguously: one copy of v.
     out, lse = _ops.merge_attention_states_n(v.transpose(0, 1).contiguous(), s.transpose(0, 1))
     return out, lse.mul_(_LOG2E)
@@ -73,8 +73,8 @@ def _rows_of(name: str, v, ndim: int, what: str) -> tuple[int, ...]:
     return tuple(v.shape[:-1])
 
 
-def _natural(name: str, s, v: torch.Tensor, shape: tuple[int, ...], what: str) -> torch.Tensor:
-    """A base-2 LSE as a new fp32 natural-log one, after checking it against ``v``'s rows."""
+def _natural(name: str, s, v_name: str, v: torch.Tensor, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    """A base-2 LSE as a new fp32 natural-log one, after checking it against the rows of ``v`` (argument ``v_name``)."""
     if not isinstance(s, torch.Tensor):
         raise TypeError(f"{name}: expected a tensor {what}, got {type(s).__name__}")
     if not s.is_floating_point():
@@ -82,5 +82,5 @@ def _natural(name: str, s, v: torch.Tensor, shape: tuple[int, ...], what: str) -
     if tuple(s.shape) != shape:
         raise ValueError(f"{name}: expected {what} {list(shape)}, got {tuple(s.shape)}")
     if s.device != v.device:
-        raise ValueError(f"{name}: on {s.device}, the states on {v.device}: expected the LSEs and states on one device")
+        raise ValueError(f"{name}: on {s.device}, {v_name} on {v.device}: expected the LSEs and states on one device")
     return s.to(torch.float32) * _LN2
