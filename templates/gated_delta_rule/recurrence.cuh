@@ -28,8 +28,8 @@ __device__ __forceinline__ long long state_at(int key, int value) {
 template <int kThreads>
 __device__ __forceinline__ int negligible_since(const float* g, int first_token, int chunks, int end_token, int heads_v,
                                                  int head_v, float negligible, float* scratch) {
-    // 32 gates a thread, all loads in flight at once: a step covers 64 chunks, where the walk's cost is one
-    // round trip to memory per step (16 chunks a step cost 3% of a weak-decay call at 1x32k, bench/NOTES.md).
+    // 32 gates a thread, loaded together: a step covers 64 chunks. (16 chunks a step cost the same, about 3% of
+    // a weak-decay call at 1x32k: the walk is bound by reading a sector per gate, bench/NOTES.md, twelfth session.)
     constexpr int kTokensPerThread = 32, kThreadsPerChunk = kChunk / kTokensPerThread;
     constexpr int kWalkChunks = kThreads / kThreadsPerChunk;
     static_assert(kChunk % kTokensPerThread == 0 && kThreadsPerChunk <= 32 && 32 % kThreadsPerChunk == 0,
