@@ -24,6 +24,7 @@ import kgen
 from kgen.ops import attention_varlen, chunk_gated_delta_rule, plan_attention_varlen, plan_chunk_gated_delta_rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from bench_gdn_chunk import flashqla_gates  # noqa: E402
 from common import time_graph  # noqa: E402
 
 #: (name, lengths, heads, head_dim, causal)
@@ -68,8 +69,7 @@ def gdn_us(lengths, heads, heads_v, weak, options) -> float:
     v = torch.randn((1, total, heads_v, 128), device="cuda", dtype=torch.bfloat16)
     g = torch.nn.functional.logsigmoid(torch.randn((1, total, heads_v), device="cuda"))
     if weak:
-        g = g / 16
-        g[..., : heads_v // 4] = 0
+        g = flashqla_gates(g)
     beta = torch.rand((1, total, heads_v), device="cuda")
     plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=heads_v, device="cuda", **options)
     out = torch.empty_like(v)
