@@ -146,7 +146,8 @@ class RecordedLaunch:
 
 def record_launch(op_call: Callable[[], Any]) -> RecordedLaunch:
     """The one ``KernelLauncher`` launch that ``op_call`` makes (launcher, grid, arguments), without launching.
-    Every launch by name reaches ``KernelLauncher._launch_values`` with the values in the contract's order."""
+    Its launcher's first launch reaches ``KernelLauncher._launch_values`` with the values in the contract's order
+    (later ones call cuda.core directly), so ``op_call`` must not have run before."""
     from kgen.launch import KernelLauncher
 
     seen: list[RecordedLaunch] = []

@@ -71,20 +71,30 @@ class LaunchArgumentError(TypeError):
 
 
 def _by_name(entry: str, names: tuple[str, ...], launcher: KernelLauncher):
-    """A function ``entry(grid, /, *, <each parameter by name>)`` that passes the values, in the contract's
-    order, to ``launcher._launch_values(grid, values)``.
+    """A function ``entry(grid, /, *, <each parameter by name>)`` that launches with the values in the
+    contract's order.
 
     Generated from the contract (as dataclasses and namedtuple make their methods), so that Python binds
     the arguments: a missing or unknown name is a TypeError naming the entry and the argument, the order of
-    the caller's keywords does not matter, and no dict is built per call: a launch by name costs what a
-    positional one does.
+    the caller's keywords does not matter, and no dict is built per call. A repeated launch (its types
+    checked, its grid's config and the stream's wrapper cached, its device current) calls cuda.core from
+    this function's own frame; anything else goes through ``launcher._launch_values``, which checks and
+    fills the caches. That keeps a launch by name to one Python frame, as a positional one was.
     """
     for name in names:
         if not name.isidentifier() or keyword.iskeyword(name):
             raise LaunchArgumentError(f"{entry}: parameter {name!r} cannot be passed by name from Python")
     listed = ", ".join(names)
-    source = f"def {entry}(grid, /, *, {listed}):\n    return launcher._launch_values(grid, ({listed},))\n"
-    namespace = {"launcher": launcher}
+    source = (f"def {entry}(grid, /, *, {listed}):\n"
+              f"    config = configs.get(grid)\n"
+              f"    if config is not None and launcher._checked_call and current_device() == device_index:\n"
+              f"        stream = streams.get(raw_current_stream(device_index))\n"
+              f"        if stream is not None:\n"
+              f"            return launch(stream, config, kernel, {listed})\n"
+              f"    return launcher._launch_values(grid, ({listed},))\n")
+    namespace = {"launcher": launcher, "configs": launcher._configs, "kernel": launcher.kernel,
+                 "device_index": launcher.device_index, "current_device": _current_device, "streams": _streams,
+                 "raw_current_stream": _raw_current_stream, "launch": launch}
     exec(source, namespace)  # noqa: S102 - the names are checked identifiers from the contract
     return namespace[entry]
 
@@ -100,10 +110,10 @@ class KernelLauncher:
         self.dynamic_smem = dynamic_smem
         self.parameters = tuple(parameters)
         self.name = name
-        #: ``launch(grid, *, <each parameter by name>)``: the launch (see :func:`_by_name`).
-        self.launch = _by_name(name.rpartition(".")[2], tuple(p.name for p in self.parameters), self)
         self._configs: dict[int | tuple, LaunchConfig] = {}
         self._checked_call = False
+        #: ``launch(grid, *, <each parameter by name>)``: the launch (see :func:`_by_name`).
+        self.launch = _by_name(name.rpartition(".")[2], tuple(p.name for p in self.parameters), self)
         self._check_signature()
         if dynamic_smem > DEFAULT_DYNAMIC_SMEM_LIMIT:
             _check(driver.cuKernelSetAttribute(
@@ -151,7 +161,8 @@ class KernelLauncher:
     def _launch_values(self, grid: int | tuple, values: tuple) -> None:
         """Launch on ``grid`` on torch's current stream of this launcher's device, with ``values`` in the
         contract's order: Python ints for pointers and 64-bit integers, ``np.float32`` for floats, tensor-map
-        descriptors (their types are checked on the first launch)."""
+        descriptors. The launches :func:`_by_name`'s function does not make itself come here: the first (whose
+        types are checked), a new grid, a new stream, another current device."""
         if not self._checked_call:
             self._check_types(values)
             self._checked_call = True

@@ -74,3 +74,29 @@ def test_the_signature_is_rendered_from_the_declaration():
         "e": parameters("kgen::TmaDescriptor map_x, const T* x, long long n, float scale")})
     assert contract.signature("e") == ("const __grid_constant__ kgen::TmaDescriptor map_x, const T* __restrict__ x, "
                                        "long long n, float scale")
+
+
+def test_a_repeated_launch_calls_cuda_core_from_the_generated_function_with_the_same_arguments(monkeypatch):
+    import kgen.launch as launch_module
+
+    launched = []
+    monkeypatch.setattr(launch_module, "launch", lambda stream, config, kernel, *values: launched.append(
+        (stream, config["grid"], kernel, values)))
+    monkeypatch.setattr(launch_module, "_current_device", lambda: 0)
+    monkeypatch.setattr(launch_module, "_raw_current_stream", lambda device_index: 1000 + device_index)
+    monkeypatch.setattr(launch_module, "Stream", SimpleNamespace(from_handle=lambda handle: f"stream {handle}"))
+    monkeypatch.setattr(launch_module, "LaunchConfig", lambda **fields: fields)
+    monkeypatch.setattr(launch_module, "_streams", launch_module.OrderedDict())
+    launcher = _launcher()
+    arguments = dict(x=1, out=2, n=7, scale=np.float32(0.5))
+    with pytest.raises(LaunchArgumentError, match="takes int, got float"):  # the first launch is checked
+        launcher.launch(3, **dict(arguments, n=7.0))
+    launcher.launch(3, **arguments)  # checked; fills the config and stream caches
+    slow_path = launcher._launch_values
+    launcher._launch_values = lambda grid, values: pytest.fail("a repeated launch took the slow path")
+    launcher.launch(3, **arguments)
+    launcher.bound(n=7, scale=np.float32(0.5))(3, x=1, out=2)
+    launcher._launch_values = slow_path
+    launcher.launch(5, **arguments)  # a new grid: its config is made on the slow path
+    expected = ("stream 1000", 3, launcher.kernel, (1, 2, 7, np.float32(0.5)))
+    assert launched == [expected] * 3 + [(*expected[:1], 5, *expected[2:])]

@@ -85,12 +85,6 @@ def _outputs(out, lse_out, shape, dtype: torch.dtype, device_index: int, like_v:
     return out, lse_out
 
 
-def _launch_for(kernels: _Kernels, pair: tuple[KernelLauncher, KernelLauncher], rows: int):
-    """(the launch of the kernel for an incomplete last tile, or of the one for full tiles; the grid) over ``rows``."""
-    tile_rows = kernels.tile_rows
-    return (pair[0] if rows % tile_rows else pair[1]).launch, -(-rows // tile_rows)
-
-
 def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Tensor, lse_b: torch.Tensor, *,
                            out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None,
                            ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,10 +135,12 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
     kernels = _kernels(device_index, head_dim, dtype, "v_a")
     lse_a_stride_t, lse_a_stride_h = lse_a.stride()
     lse_b_stride_t, lse_b_stride_h = lse_b.stride()
-    launch, grid = _launch_for(kernels, kernels.two, rows)
-    launch(grid, v_a=ptr_a, lse_a=lse_a.data_ptr(), lse_a_stride_t=lse_a_stride_t, lse_a_stride_h=lse_a_stride_h,
-           v_b=ptr_b, lse_b=lse_b.data_ptr(), lse_b_stride_t=lse_b_stride_t, lse_b_stride_h=lse_b_stride_h,
-           v_out=v.data_ptr(), lse_out=lse.data_ptr(), num_rows=rows, num_heads=heads)
+    tile_rows = kernels.tile_rows  # the kernel for an incomplete last tile only where there is one
+    (kernels.two[0] if rows % tile_rows else kernels.two[1]).launch(
+        -(-rows // tile_rows),
+        v_a=ptr_a, lse_a=lse_a.data_ptr(), lse_a_stride_t=lse_a_stride_t, lse_a_stride_h=lse_a_stride_h,
+        v_b=ptr_b, lse_b=lse_b.data_ptr(), lse_b_stride_t=lse_b_stride_t, lse_b_stride_h=lse_b_stride_h,
+        v_out=v.data_ptr(), lse_out=lse.data_ptr(), num_rows=rows, num_heads=heads)
     return v, lse
 
 
@@ -185,8 +181,10 @@ def merge_attention_states_n(v: torch.Tensor, lse: torch.Tensor, *,
         return out, lse_out
     kernels = _kernels(device_index, head_dim, dtype, "v")
     lse_stride_s, lse_stride_t, lse_stride_h = lse.stride()
-    launch, grid = _launch_for(kernels, kernels.stacked, rows)
-    launch(grid, v=v.data_ptr(), lse=lse.data_ptr(), num_partials=partials, v_stride_s=v.stride(0),
-           lse_stride_s=lse_stride_s, lse_stride_t=lse_stride_t, lse_stride_h=lse_stride_h,
-           v_out=out.data_ptr(), lse_out=lse_out.data_ptr(), num_rows=rows, num_heads=heads)
+    tile_rows = kernels.tile_rows
+    (kernels.stacked[0] if rows % tile_rows else kernels.stacked[1]).launch(
+        -(-rows // tile_rows),
+        v=v.data_ptr(), lse=lse.data_ptr(), num_partials=partials, v_stride_s=v.stride(0),
+        lse_stride_s=lse_stride_s, lse_stride_t=lse_stride_t, lse_stride_h=lse_stride_h,
+        v_out=out.data_ptr(), lse_out=lse_out.data_ptr(), num_rows=rows, num_heads=heads)
     return out, lse_out
