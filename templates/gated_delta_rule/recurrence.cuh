@@ -18,51 +18,46 @@ __device__ __forceinline__ long long state_at(int key, int value) {
     return kKeyMajor ? static_cast<long long>(key) * kHeadDim + value : static_cast<long long>(value) * kHeadDim + key;
 }
 
-// The decay-bounded shortcut of a segment's summary: the last of the segment's `chunks` chunks (from token
-// first_token, in rows of heads_v gates; tokens from end_token on count as no gate) from which head_v's gates
-// to the segment's end sum below `negligible`, or -1 where there is none (always when negligible is -inf).
-// What the state before that chunk passes to the segment's end is then below fp32 rounding. Walked back
-// from the end kWalkChunks chunks at a time by every thread of a block of kThreads, each summing
-// kTokensPerThread gates; `scratch` holds kWalkChunks floats no one else uses yet. Every thread returns the
-// same chunk (each adds the chunk totals in the same order).
+// The decay-bounded shortcut of a segment's summary: the last of the segment's `chunks` chunks (from chunk
+// first_chunk of the plan, whose summed gates gated_delta_rule_kkt wrote to chunk_log_decay, [chunk, v-head])
+// from which head_v's gates to the segment's end sum below `negligible`, or -1 where there is none (always
+// when negligible is -inf). What the state before that chunk passes to the segment's end is then below fp32
+// rounding. Walked back from the end kThreads chunks a step, a chunk a thread; `scratch` holds 2 kThreads / 32
+// floats no one else uses yet. Every thread returns the same chunk (they read the same sums).
 template <int kThreads>
-__device__ __forceinline__ int negligible_since(const float* g, int first_token, int chunks, int end_token, int heads_v,
+__device__ __forceinline__ int negligible_since(const float* chunk_log_decay, int first_chunk, int chunks, int heads_v,
                                                  int head_v, float negligible, float* scratch) {
-    // 32 gates a thread, loaded together: a step covers 64 chunks. (16 chunks a step cost the same, about 3% of
-    // a weak-decay call at 1x32k: the walk is bound by reading a sector per gate, bench/NOTES.md, twelfth session.)
-    constexpr int kTokensPerThread = 32, kThreadsPerChunk = kChunk / kTokensPerThread;
-    constexpr int kWalkChunks = kThreads / kThreadsPerChunk;
-    static_assert(kChunk % kTokensPerThread == 0 && kThreadsPerChunk <= 32 && 32 % kThreadsPerChunk == 0,
-                  "a chunk's gates are summed by lanes of one warp");
-    if (!(negligible > -inf())) return -1;
-    const int segment_end = min(end_token, first_token + chunks * kChunk);
-    float running = 0.f;
-    for (int top = chunks; top > 0; top -= kWalkChunks) {  // chunks [top - kWalkChunks, top)
-        const int chunk = top - kWalkChunks + static_cast<int>(threadIdx.x) / kThreadsPerChunk;
-        const int token0 = first_token + chunk * kChunk + (threadIdx.x % kThreadsPerChunk) * kTokensPerThread;
-        float gates[kTokensPerThread];
+    constexpr int kWarps = kThreads / 32;
+    if (!(negligible > -inf()) || chunk_log_decay == nullptr) return -1;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float running = 0.f;  // the gates of the chunks after this step's
+    for (int top = chunks; top > 0; top -= kThreads) {  // chunks [top - kThreads, top)
+        const int chunk = top - kThreads + static_cast<int>(threadIdx.x);
+        float suffix = chunk >= 0 ? chunk_log_decay[static_cast<long long>(first_chunk + chunk) * heads_v + head_v] : 0.f;
+        // The sum from this chunk to the step's end: later chunks are higher lanes, then higher warps.
 #pragma unroll
-        for (int i = 0; i < kTokensPerThread; ++i) {
-            const int token = token0 + i;
-            gates[i] = chunk >= 0 && token < segment_end ? g[static_cast<long long>(token) * heads_v + head_v] : 0.f;
+        for (int offset = 1; offset < 32; offset *= 2) {
+            const float later = __shfl_down_sync(0xffffffffu, suffix, offset);
+            if (lane + offset < 32) suffix += later;
         }
-        float sum = 0.f;
+        if (lane == 0) scratch[warp] = suffix;  // the warp's sum
+        __syncthreads();
+        float step = 0.f;
 #pragma unroll
-        for (int i = 0; i < kTokensPerThread; ++i) sum += gates[i];
-#pragma unroll
-        for (int offset = kThreadsPerChunk / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-        if (threadIdx.x % kThreadsPerChunk == 0) scratch[threadIdx.x / kThreadsPerChunk] = sum;
+        for (int w = 0; w < kWarps; ++w) {
+            step += scratch[w];
+            if (w > warp) suffix += scratch[w];
+        }
+        const unsigned below = __ballot_sync(0xffffffffu, chunk >= 0 && running + suffix < negligible);
+        if (lane == 0) scratch[kWarps + warp] = below ? static_cast<float>(31 - __clz(below)) : -1.f;  // its last
         __syncthreads();
         int found = -1;
-        for (int j = kWalkChunks - 1; j >= 0 && top - kWalkChunks + j >= 0; --j) {
-            running += scratch[j];
-            if (running < negligible) {
-                found = top - kWalkChunks + j;
-                break;
-            }
+        for (int w = kWarps - 1; w >= 0 && found < 0; --w) {
+            if (scratch[kWarps + w] >= 0.f) found = top - kThreads + 32 * w + static_cast<int>(scratch[kWarps + w]);
         }
         __syncthreads();  // scratch is rewritten by the next step
         if (found >= 0) return found;
+        running += step;
     }
     return -1;
 }
@@ -108,8 +103,8 @@ struct Recurrence {
                                                const kgen::TmaDescriptor& map_v, const kgen::TmaDescriptor& map_tbeta,
                                                const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                                const float* __restrict__ g, const T* __restrict__ tbeta,
-                                               const int* __restrict__ segments, const void* __restrict__ cu_seqlens,
-                                               long long cu_seqlens_is_int64, const float* __restrict__ initial_state,
+                                               const float* __restrict__ chunk_log_decay, const int* __restrict__ segments,
+                                               const void* __restrict__ cu_seqlens, long long cu_seqlens_is_int64, const float* __restrict__ initial_state,
                                                const float* __restrict__ start_states, float* __restrict__ summary,
                                                T* __restrict__ out, float* __restrict__ final_state, long long num_heads,
                                                long long num_heads_v, float scale, long long use_qk_l2norm,
@@ -140,7 +135,7 @@ struct Recurrence {
         // chunk, and h runs from that chunk on, from a zero state.
         bool negligible = false;
         if (kSummary) {
-            const int from = negligible_since<kThreads>(g, first_token, chunks, end_token, heads_v, head_v,
+            const int from = negligible_since<kThreads>(chunk_log_decay, first_chunk, chunks, heads_v, head_v,
                                                         negligible_log_decay, smem.q_scale);
             negligible = from >= 0;
             const int skipped = negligible ? from : 0;
