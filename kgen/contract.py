@@ -77,14 +77,12 @@ class LaunchContract:
     sizes: Mapping[str, int]
     #: Each entry's parameters, in order.
     parameters: Mapping[str, tuple[Parameter, ...]]
-    #: Entries whose block differs from ``threads``: entry -> threads (dynamic shared memory 0).
-    entry_threads: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: Entries whose block differs from ``threads`` and ``dynamic_smem_bytes``: entry -> (threads, bytes).
+    entry_shapes: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def launch_shape(self, entry: str) -> tuple[int, int]:
         """(threads per block, dynamic shared-memory bytes) of ``entry``."""
-        if entry in self.entry_threads:
-            return self.entry_threads[entry], 0
-        return self.threads, self.dynamic_smem_bytes
+        return self.entry_shapes.get(entry, (self.threads, self.dynamic_smem_bytes))
 
     def signature(self, entry: str) -> str:
         """The entry's parameter list as C++, for the template's kernel declaration."""

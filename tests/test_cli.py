@@ -521,6 +521,9 @@ class FakeContract:
         self.dynamic_smem_bytes = dynamic_smem_bytes
         self.threads = 32
 
+    def launch_shape(self, entry: str) -> tuple[int, int]:
+        return self.threads, self.dynamic_smem_bytes
+
 
 def test_build_reports_dynamic_shared_memory_and_fails_a_variant_over_the_limit(env, tmp_path, monkeypatch):
     limit = arch.parse("sm_90a").max_smem_per_block
@@ -540,12 +543,16 @@ def test_build_reports_dynamic_shared_memory_and_fails_a_variant_over_the_limit(
                         f"dynamic), over the {limit} a block may have on sm_90a"]
 
 
-def test_build_shows_the_contract_s_dynamic_shared_memory_of_a_builtin_family(env):
-    result = invoke(["build", "--arch", "sm_90a", "--family", FAMILY], env)
+@pytest.mark.parametrize("family", [FAMILY, "gated_delta_rule_chunk"])
+def test_build_shows_the_contract_s_dynamic_shared_memory_of_a_builtin_family(env, family):
+    # The most any entry of the variant needs: the gated delta rule's chain stages more than its recurrence.
+    result = invoke(["build", "--arch", "sm_90a", "--family", family], env)
     assert result.exit_code == 0, result.output
-    variants = registry.current().family(FAMILY).variants
-    expected = [str(kgen.contract.contract_of(v).dynamic_smem_bytes) for v in variants]
-    assert [r[4] for r in table_rows(result.stdout, FAMILY)] == expected
+    contracts = [kgen.contract.contract_of(v) for v in registry.current().family(family).variants]
+    expected = [str(max(c.launch_shape(entry)[1] for entry in c.parameters)) for c in contracts]
+    assert [r[4] for r in table_rows(result.stdout, family)] == expected
+    if family != FAMILY:  # at head dim 128 the row is the chain's
+        assert any(c.launch_shape("gated_delta_rule_chunk_chain")[1] > c.dynamic_smem_bytes for c in contracts)
 
 
 def test_a_family_without_a_host_shows_no_dynamic_size(env, tmp_path):

@@ -64,9 +64,7 @@ def _row(variant: Variant, result, target: Arch, out: ArchReport) -> str:
     if result is None:
         return _ROW.format("-", "-", "-", "-", "-", "FAILED", label)
     entries = result.record.entries.values()
-    static = max((e.static_smem_bytes for e in entries), default=0)
-    contract = contract_of(variant)
-    dynamic = contract.dynamic_smem_bytes if contract is not None else None
+    static, dynamic = _largest_shared_memory(result.record.entries, contract_of(variant))
     spills = result.record.spills
     for problem in (build_gates.spills(variant.name, spills, variant.family.allow_spills),
                     build_gates.shared_memory(variant.name, static, dynamic, target.max_smem_per_block, target.name)):
@@ -81,3 +79,12 @@ def _row(variant: Variant, result, target: Arch, out: ArchReport) -> str:
                        "-" if dynamic is None else dynamic,
                        "-" if result.cache_hit else f"{result.record.compile_ms:.0f}",
                        "hit" if result.cache_hit else "miss", label)
+
+
+def _largest_shared_memory(entries: dict, contract) -> tuple[int, int | None]:
+    """(static, dynamic) shared-memory bytes of the entry that needs the most: each entry's dynamic bytes are its
+    contract's (None without a contract)."""
+    if contract is None:
+        return max((e.static_smem_bytes for e in entries.values()), default=0), None
+    sizes = [(e.static_smem_bytes, contract.launch_shape(name)[1]) for name, e in entries.items()]
+    return max(sizes, key=sum, default=(0, contract.dynamic_smem_bytes))

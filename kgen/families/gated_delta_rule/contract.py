@@ -44,7 +44,14 @@ _GDN_RECURRENCE_PARAMETERS = parameters(
 GDN_SEGMENT_FIELDS = ("sequence", "first_token", "end_token", "first_chunk", "chunks", "summary_slot", "start_slot",
                       "writes_final", "sequence_start")
 #: The chain's block: value columns per block and threads.
-GDN_CHAIN_COLUMNS, GDN_CHAIN_THREADS = 32, 256
+GDN_CHAIN_COLUMNS, GDN_CHAIN_THREADS = 8, 256
+
+
+def _chain_dynamic_smem_bytes(head_dim: int) -> int:
+    """The chain's running state (its columns) and two stages, each a summary's M and its h columns, fp32, every
+    row padded by 16 bytes (chunk.cu.j2's ChainShared)."""
+    column_rows = head_dim * (GDN_CHAIN_COLUMNS + 4)
+    return 4 * (column_rows + 2 * (head_dim * (head_dim + 4) + column_rows))
 
 
 def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
@@ -57,13 +64,14 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
     return LaunchContract(
         threads=params["num_warps"] * 32, dynamic_smem_bytes=SWIZZLE_ALIGNMENT + elements * itemsize + small_bytes,
         sizes={"value_slice": slice_v, "chunk": chunk, "segment_fields": len(GDN_SEGMENT_FIELDS), "box_span_bytes": 128,
-               "chain_columns": GDN_CHAIN_COLUMNS, "chain_threads": GDN_CHAIN_THREADS},
+               "chain_columns": GDN_CHAIN_COLUMNS, "chain_threads": GDN_CHAIN_THREADS,
+               "chain_dynamic_smem_bytes": _chain_dynamic_smem_bytes(head_dim)},
         parameters={"gated_delta_rule_chunk": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_summary": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_chain": parameters(
                         "const float* summary, const float* initial_state, float* start_states, const int* chains, "
                         "long long num_heads_v")},
-        entry_threads={"gated_delta_rule_chunk_chain": GDN_CHAIN_THREADS})
+        entry_shapes={"gated_delta_rule_chunk_chain": (GDN_CHAIN_THREADS, _chain_dynamic_smem_bytes(head_dim))})
 
 
 CONTRACTS = {
