@@ -46,16 +46,17 @@ def _segments_per_sequence(chunks: np.ndarray, segment_chunks: int) -> np.ndarra
 @dataclass(frozen=True)
 class RecurrenceCosts:
     """The planner's model of the recurrence kernels, in units of one chunk of one block alone on an SM
-    (the defaults are the H200's: bench/NOTES.md, gated delta rule)."""
+    (the defaults are the H200's, fitted to forced splits of the benchmark's shapes with every summary run
+    in full: bench/NOTES.md, thirteenth session)."""
 
     num_sms: int = DEFAULT_NUM_SMS
     blocks_per_sm: int = 2
     #: A chunk's time when ``blocks_per_sm`` blocks share an SM, each.
     shared: float = 1.47
     #: A summary block's time per chunk (no outputs), relative to a forward block's.
-    summary: float = 0.9
+    summary: float = 0.45
     #: A step of the chain of start states, in chunks.
-    chain_step: float = 3.0
+    chain_step: float = 1.5
     #: What splitting adds besides: two more launches, and the summary's pipeline fill.
     split_overhead: float = 5.0
 
