@@ -1,6 +1,6 @@
 """Float64 reference for the backward of the chunked gated delta rule (Gated DeltaNet), on the host.
 
-``chunked_backward`` is the algebra the backward kernels compute, in the decomposition of fla and
+``chunked_backward`` is the algebra the backward computes, in the decomposition of fla and
 FlashQLA, for tests/gdn_reference.py's ``chunked`` forward (its shapes, chunks, varlen packing,
 GVA, state layouts and in-kernel L2 normalisation). The forward keeps no intermediates: per chunk
 the backward recomputes W, U and the start state S, runs the reverse recurrence of the state's
@@ -20,30 +20,16 @@ from __future__ import annotations
 import torch
 
 from gdn_reference import L2NORM_EPS, _prepare
+from kgen.families.gated_delta_rule.local_grads import chunk_grads, chunk_terms, value_grad
 
 
 def _chunk_forward(qc, kc, vc, gc, bc) -> dict[str, torch.Tensor]:
-    """One chunk's forward intermediates (heads first), which the backward recomputes rather than stores."""
-    gamma = gc.cumsum(-1)
-    size = gamma.shape[-1]
-    lower_incl = torch.ones(size, size, dtype=torch.bool, device=qc.device).tril()
-    diff = gamma[:, :, None] - gamma[:, None, :]
-    # Exponentiate only i >= j: above the diagonal the differences are positive and could overflow.
-    decay = torch.where(lower_incl, diff, torch.zeros_like(diff)).exp() * lower_incl
-    kk = kc @ kc.transpose(-1, -2)
-    a = bc[:, :, None] * kk * decay.tril(-1)
-    t_inv = torch.linalg.inv(torch.eye(size, dtype=torch.float64, device=qc.device) + a)
-    k_beta = (bc * gamma.exp())[:, :, None] * kc
-    v_beta = bc[:, :, None] * vc
-    w, u = t_inv @ k_beta, t_inv @ v_beta
-    qk = qc @ kc.transpose(-1, -2)
-    last = gamma[:, -1]
-    to_last = (last[:, None] - gamma).exp()  # e^{Gamma_L - Gamma}
-    k_decayed = to_last[:, :, None] * kc
+    """One chunk's forward intermediates (heads first), with the chunk's transition ``trans``
+    (S' = trans S + Kd^T U) for the split chains."""
+    t = chunk_terms(qc, kc, vc, gc, bc)
     eye = torch.eye(kc.shape[-1], dtype=torch.float64, device=qc.device)
-    return {"gamma": gamma, "decay": decay, "kk": kk, "a": a, "t_inv": t_inv, "k_beta": k_beta, "v_beta": v_beta,
-            "w": w, "u": u, "qk": qk, "p": qk * decay, "last_decay": last.exp(), "to_last": to_last,
-            "k_decayed": k_decayed, "trans": last.exp()[:, None, None] * eye - k_decayed.transpose(-1, -2) @ w}
+    t["trans"] = t["last_decay"][:, None, None] * eye - t["k_decayed"].transpose(-1, -2) @ t["w"]
+    return t
 
 
 def _advance(t, s):
@@ -52,18 +38,13 @@ def _advance(t, s):
     return t["last_decay"][:, None, None] * s + t["k_decayed"].transpose(-1, -2) @ (t["u"] - t["w"] @ s)
 
 
-def _value_grad(t, dh, do, scale):
-    """dVn, the gradient of the chunk's new values: scale P^T dO (fla's chunk_bwd_dv_local) + Kd dS'."""
-    return scale * t["p"].transpose(-1, -2) @ do + t["k_decayed"] @ dh
-
-
 def _retreat(t, qc, dh, do, scale):
     """dS before the chunk from dS' after it (fla's chunk_bwd_dhu step):
     dS = e^{Gamma_L} dS' + scale (diag(e^Gamma) Q)^T dO - W^T dVn,
     i.e. trans^T dS' + scale out_s^T dO with gdn_reference._chunk_terms' maps."""
     q_gated = t["gamma"].exp()[:, :, None] * qc
     return (t["last_decay"][:, None, None] * dh + scale * q_gated.transpose(-1, -2) @ do
-            - t["w"].transpose(-1, -2) @ _value_grad(t, dh, do, scale))
+            - t["w"].transpose(-1, -2) @ value_grad(t, dh, do, scale))
 
 
 def _pieces_in_order(pieces, count):
@@ -125,47 +106,6 @@ def _end_state_grads(terms, qcs, dos, dht, pieces, scale):
     return ends, ds
 
 
-def _chunk_grads(t, qc, kc, vc, bc, s, dh, do, scale):
-    """(dq, dk, dv, dg, dbeta) of one chunk (heads first, per v-head) from its start state S, the gradient
-    dS' of its end state and dO."""
-    vn = t["u"] - t["w"] @ s
-    dvn = _value_grad(t, dh, do, scale)
-    gamma_exp = t["gamma"].exp()[:, :, None]
-    # O and S' through Q, K and the gates directly (fla's chunk_bwd_dqkwg), with P = QK^T * D.
-    dqk = scale * (do @ vn.transpose(-1, -2)) * t["decay"]  # the gradient of QK^T, masked to i >= j by D
-    dq_state = scale * gamma_exp * (do @ s.transpose(-1, -2))
-    dq = dq_state + dqk @ kc
-    dk_decayed = vn @ dh.transpose(-1, -2)  # the gradient of Kd, from S' = ... + Kd^T Vn
-    dk = dqk.transpose(-1, -2) @ qc + t["to_last"][:, :, None] * dk_decayed
-    d_gamma = (qc * dq_state).sum(-1)
-    via_p = dqk * t["qk"]  # dP * P: the gradient of the exponents Gamma_i - Gamma_j in D
-    d_gamma = d_gamma + via_p.sum(-1) - via_p.sum(-2)
-    via_kd = (t["k_decayed"] * dk_decayed).sum(-1)
-    d_gamma = d_gamma - via_kd
-    d_gamma[:, -1] += via_kd.sum(-1) + t["last_decay"] * (dh * s).sum((-1, -2))
-    # Vn = U - W S: then back through the WY representation W = T Kb, U = T Vb, T = (I + A)^-1.
-    dw, du = -dvn @ s.transpose(-1, -2), dvn
-    t_inv_t = t["t_inv"].transpose(-1, -2)
-    dt = dw @ t["k_beta"].transpose(-1, -2) + du @ t["v_beta"].transpose(-1, -2)
-    da = -(t_inv_t @ dt @ t_inv_t).tril(-1)  # A is strictly lower, and so is its gradient
-    dk_beta, dv_beta = t_inv_t @ dw, t_inv_t @ du
-    # A = diag(beta) (K K^T) * D, strictly lower.
-    dkk = da * bc[:, :, None] * t["decay"]
-    dk = dk + dkk @ kc + dkk.transpose(-1, -2) @ kc
-    dbeta = (da * t["kk"] * t["decay"]).sum(-1)
-    via_a = da * t["a"]
-    d_gamma = d_gamma + via_a.sum(-1) - via_a.sum(-2)
-    # Kb = diag(beta e^Gamma) K and Vb = diag(beta) V.
-    dk = dk + (bc[:, :, None] * gamma_exp) * dk_beta
-    via_kb = gamma_exp[..., 0] * (kc * dk_beta).sum(-1)
-    dbeta = dbeta + via_kb + (vc * dv_beta).sum(-1)
-    d_gamma = d_gamma + bc * via_kb
-    dv = bc[:, :, None] * dv_beta
-    # Gamma_i = sum_{j <= i} g_j: dg is the in-chunk reverse cumsum of dGamma.
-    dg = d_gamma.flip(-1).cumsum(-1).flip(-1)
-    return dq, dk, dv, dg, dbeta
-
-
 def _l2norm_backward(x, dy):
     """The gradient of x from that of y = x / sqrt(|x|^2 + eps): r (dy - y (y . dy)), r = 1 / sqrt(|x|^2 + eps)."""
     r = torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
@@ -204,7 +144,7 @@ def chunked_backward(q, k, v, g, beta, do, *, scale=None, initial_state=None, dh
         ends, ds0 = _end_state_grads(terms, [x[0] for x in inputs], dos, seed, pieces, scale)
         dh0.append(ds0)
         for r, (qc, kc, vc, _, bc), t, s, dh, d in zip(rows, inputs, terms, starts, ends, dos):
-            grads = _chunk_grads(t, qc, kc, vc, bc, s, dh, d, scale)
+            grads = chunk_grads(t, qc, kc, vc, bc, s, dh, d, scale)
             for out, grad in zip((dq, dk, dv, dg, dbeta), grads):
                 out[b, r] = grad.transpose(0, 1)
     # GVA: a q/k head's gradient sums those of the v-heads that read it.

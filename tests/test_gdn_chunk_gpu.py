@@ -163,8 +163,6 @@ def test_bad_input_is_refused():
         chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, plan=other)
     with pytest.raises(ValueError, match="packed varlen takes B = 1"):
         chunk_gated_delta_rule(*(torch.cat([t, t]) for t in (q, k, v, g, beta)), cu_seqlens=cu)
-    with pytest.raises(RuntimeError, match="no backward"):
-        chunk_gated_delta_rule(q, k, v.clone().requires_grad_(), g, beta)
 
 
 def test_no_tokens_passes_the_states_through():

@@ -127,7 +127,7 @@ def test_plans_rebuilt_from_their_recipes_are_the_same():
             (plan.variant, plan.splits, plan.grid, plan.max_seqlen_k), kw
 
 
-@pytest.mark.parametrize("call", ["merge", "merge_n", "varlen", "decode", "chunk", "step"])
+@pytest.mark.parametrize("call", ["merge", "merge_n", "varlen", "decode", "step"])
 def test_tensors_that_require_grad_are_refused(call):
     x = torch.zeros(2, 2, 2, 2, requires_grad=True)
     calls = {
@@ -135,10 +135,19 @@ def test_tensors_that_require_grad_are_refused(call):
         "merge_n": lambda: kgen.ops.merge_attention_states_n(x, x[0]),
         "varlen": lambda: kgen.ops.attention_varlen(x[0], x[0], x[0], None, None),
         "decode": lambda: kgen.ops.attention_decode(x[0], x, x, None),
-        "chunk": lambda: kgen.ops.chunk_gated_delta_rule(x, x, x, x[0], x[0]),
         "step": lambda: kgen.ops.gated_delta_rule_step(x[0], x[0], x[0], x[0, 0], x[0, 0], x),
     }
     with pytest.raises(RuntimeError, match="no backward"):
         calls[call]()
     with torch.no_grad(), pytest.raises((TypeError, ValueError)):  # past the grad check: CPU tensors are refused
         calls[call]()
+
+
+def test_a_differentiable_chunk_call_is_checked_like_any_other():
+    # chunk_gated_delta_rule has a backward: tensors that require grad pass the grad check and meet the same
+    # argument checks (here: CPU tensors), and a preallocated out cannot take a result that requires grad.
+    x = torch.zeros(1, 2, 2, 128, requires_grad=True)
+    with pytest.raises((TypeError, ValueError), match="^q: "):
+        kgen.ops.chunk_gated_delta_rule(x, x, x, x[..., 0], x[..., 0])
+    with pytest.raises(ValueError, match="^out: "):
+        kgen.ops.chunk_gated_delta_rule(x, x, x, x[..., 0], x[..., 0], out=torch.empty(1, 2, 2, 128))

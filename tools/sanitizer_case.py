@@ -15,7 +15,7 @@ import torch
 from kgen import registry
 from kgen.ops import attention_decode, attention_varlen, merge_attention_states, merge_attention_states_n
 from kgen.ops import plan_attention_decode, plan_attention_varlen
-from kgen.ops import chunk_gated_delta_rule, gated_delta_rule_step, plan_chunk_gated_delta_rule
+from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, gated_delta_rule_step, plan_chunk_gated_delta_rule
 
 
 def main() -> None:
@@ -68,6 +68,13 @@ def main() -> None:
         past = torch.tensor(cu, dtype=torch.int64, device="cuda") * 3  # bounds past the tensors: NaN, nothing outside
         o, _ = chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=past, plan=plan, state_layout=layout)
         assert o[0, :lengths[0]].isnan().all(), "a plan used with other cu_seqlens must give NaN (gated delta rule)"
+        # The backward: the states' recompute (split), the reverse recurrence, a poisoned neighbour.
+        d_out = torch.randn_like(v)
+        grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, initial_state=torch.randn((len(lengths), 4, 128, 128), device="cuda"),
+                                           d_final_state=torch.randn((len(lengths), 4, 128, 128), device="cuda"),
+                                           cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"),
+                                           use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan)
+        assert not grads[2][0, :lengths[0]].isnan().any(), "NaN leaked into sequence 0 (gated delta rule backward)"
     # Decode: every load and tail policy, contiguous and paged (pages of 16 by TMA, of 5 by cp.async), a
     # request split many ways (merged by its last CTA) beside short ones and an empty one, two tokens a request.
     lengths = [3000, 17, 0, 64]

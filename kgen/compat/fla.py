@@ -22,7 +22,7 @@ from kgen import ops as _ops  # looked up at each call (tests replace the ops)
 from kgen.compat import PlanCache, _host_cu
 from kgen.runtime.checks import refuse_grad
 
-#: fla's names of the tensors a backward would differentiate (refused by name: kgen has no backward).
+#: fla's names of the tensors a backward would differentiate (refused by name where kgen has no backward).
 _GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "plan_cache"]
@@ -51,7 +51,8 @@ def chunk_gated_delta_rule(
     cp_context=None,
     **kwargs,
 ):
-    """fla's ``chunk_gated_delta_rule`` forward, computed by :func:`kgen.ops.chunk_gated_delta_rule`.
+    """fla's ``chunk_gated_delta_rule``, computed by :func:`kgen.ops.chunk_gated_delta_rule`: differentiable, as
+    fla's is (gradients for q, k, v, g, beta and initial_state, through the gate and beta transforms below).
 
     Args are fla's: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]`` (GVA: HV a multiple of H; kgen needs
     V = K, bf16/fp16, a head dim its spec lists); g ``[B, T, HV]`` natural-log gates (any float dtype:
@@ -85,7 +86,6 @@ def chunk_gated_delta_rule(
     if chunk_size not in (16, 32, 64):
         raise ValueError(f"chunk_size: must be 16, 32, or 64 for Gated Delta Rule (as in fla), got {chunk_size!r}")
     _check_kwargs("chunk_gated_delta_rule", kwargs)
-    refuse_grad("chunk_gated_delta_rule", _GRAD_NAMES, q, k, v, g, beta, initial_state)
     if cp_context is not None:
         raise ValueError("cp_context: fla's context parallelism is not supported here; expected None "
                          "(kgen's is kgen.distributed.chunk_gated_delta_rule_cp)")

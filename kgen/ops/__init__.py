@@ -2,10 +2,11 @@
 
 from kgen.families.attention_decode import DecodePlan, attention_decode, plan_attention_decode
 from kgen.families.attention_prefill import AttentionPlan, attention_varlen, plan_attention_varlen
-from kgen.families.gated_delta_rule import (ChunkGatedDeltaRulePlan, chunk_gated_delta_rule, gated_delta_rule_step,
+from kgen.families.gated_delta_rule import (ChunkGatedDeltaRulePlan, chunk_gated_delta_rule, chunk_gated_delta_rule_bwd,
+                                            gated_delta_rule_step,
                                             plan_chunk_gated_delta_rule)
 from kgen.families.merge_states import merge_attention_states, merge_attention_states_n
 
 __all__ = ["AttentionPlan", "ChunkGatedDeltaRulePlan", "DecodePlan", "attention_decode", "attention_varlen",
-           "chunk_gated_delta_rule", "gated_delta_rule_step", "merge_attention_states", "merge_attention_states_n",
+           "chunk_gated_delta_rule", "chunk_gated_delta_rule_bwd", "gated_delta_rule_step", "merge_attention_states", "merge_attention_states_n",
            "plan_attention_decode", "plan_attention_varlen", "plan_chunk_gated_delta_rule"]

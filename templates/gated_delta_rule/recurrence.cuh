@@ -98,7 +98,9 @@ struct Recurrence {
 
     // The kernels' parameters in the contract's order (chunk.cu.j2 passes them by the contract's
     // names). Taken one by one, not as one struct, whose loads ptxas schedules differently.
-    template <bool kSummary>
+    // kSummary: the segment's summary (chunk.cu.j2). kStates (the backward's recompute): no output; ``out``
+    // receives, before every chunk, the 16-bit S^T of this block's value slice, [chunk, v-head, V, K].
+    template <bool kSummary, bool kStates = false>
     __device__ static __forceinline__ void run(const kgen::TmaDescriptor& map_q, const kgen::TmaDescriptor& map_k,
                                                const kgen::TmaDescriptor& map_v, const kgen::TmaDescriptor& map_tbeta,
                                                const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -118,6 +120,7 @@ struct Recurrence {
         const int heads_v = static_cast<int>(num_heads_v), head_v = blockIdx.y;
         const int head = head_v / (heads_v / static_cast<int>(num_heads));
         const int column0 = blockIdx.x * kSliceV;
+        constexpr bool kOutput = !kSummary && !kStates;  // reads Q and writes O
         // Summary: the first K augmented columns are M's (start I, no values), the rest h's.
         const bool transition = kSummary && column0 < kHeadDim;
         const int value0 = kSummary && !transition ? column0 - kHeadDim : column0;
@@ -170,7 +173,7 @@ struct Recurrence {
         // Every tile of an incomplete chunk by cp.async, all threads, rows past the sequence zero-filled.
         auto load_incomplete = [&](int c) {
             const int token = token_of(c), valid = end_token - token;
-            if (!kSummary) load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid);
+            if (kOutput) load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid);
             load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.k[c % 2], k + token * qk_stride + head * kHeadDim, qk_stride, valid);
             if (!transition) load_tile<kSliceV, kThreads, kHasIncompleteTile>(smem.v, v + token * v_stride + head_v * kHeadDim + value0, v_stride, valid);
             load_tile<kChunk, kThreads, false>(smem.tbeta, tbeta + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kChunk * kChunk,
@@ -180,7 +183,7 @@ struct Recurrence {
         auto wait_chunk = [&](int c) {
             if (is_full(c)) {
                 kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadK0 + c % 2]), (c / 2) % 2);
-                if (!kSummary) kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadQ]), c % 2);
+                if (kOutput) kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadQ]), c % 2);
                 if (!transition) kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadV]), c % 2);
                 kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadTbeta]), c % 2);
             } else {
@@ -199,7 +202,7 @@ struct Recurrence {
         if (chunks > 0) {  // an empty sequence's segment only passes its start state on
             if (is_full(0)) {
                 load_full(kLoadK0, 0);
-                if (!kSummary) load_full(kLoadQ, 0);
+                if (kOutput) load_full(kLoadQ, 0);
                 if (!transition) load_full(kLoadV, 0);
                 load_full(kLoadTbeta, 0);
             } else {
@@ -257,6 +260,18 @@ struct Recurrence {
             const bool next_full = c + 1 < chunks && is_full(c + 1);
             const int token = first_token + c * kChunk, valid = end_token - token;
             const float gate[2] = {gate_next[0], gate_next[1]};
+            if (kStates) {  // S^T before this chunk, 16-bit, as the backward reads it
+                T* const states = out + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim;
+#pragma unroll
+                for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const long long value = value0 + row + 8 * half;
+                        *reinterpret_cast<unsigned*>(states + value * kHeadDim + 8 * n + fragment_column) =
+                            kgen::pack2<T>(s[n][2 * half], s[n][2 * half + 1]);
+                    }
+                }
+            }
             wait_chunk(c);
             // S^T's copy (and cp.async tiles) are read by wgmma; the other K buffer is rewritten by TMA.
             kgen::fence_proxy_async_shared();
@@ -266,7 +281,7 @@ struct Recurrence {
             // In-kernel l2norm: rows of q and k scale the products instead of being rounded normalised.
             float q_scale[2] = {1.f, 1.f}, k_scale[2] = {1.f, 1.f};
             if (use_qk_l2norm) {
-                if (!kSummary) inverse_row_norms<kHeadDim>(smem.q, smem.q_scale);
+                if (kOutput) inverse_row_norms<kHeadDim>(smem.q, smem.q_scale);
                 inverse_row_norms<kHeadDim>(smem.k[c % 2], smem.k_scale);
                 __syncthreads();
 #pragma unroll
@@ -285,14 +300,14 @@ struct Recurrence {
             kgen::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-                if (!kSummary) kgen::wgmma_ss<kChunk, 0>(p, k_major<kChunk>(q_tile, kk), k_major<kChunk>(k_tile, kk), kk > 0);
+                if (kOutput) kgen::wgmma_ss<kChunk, 0>(p, k_major<kChunk>(q_tile, kk), k_major<kChunk>(k_tile, kk), kk > 0);
                 kgen::wgmma_ss<kSliceV, 0>(ks, k_major<kChunk>(k_tile, kk), k_major<kSliceV>(state_tile, kk), kk > 0);
-                if (!kSummary) kgen::wgmma_ss<kSliceV, 0>(qs, k_major<kChunk>(q_tile, kk), k_major<kSliceV>(state_tile, kk), kk > 0);
+                if (kOutput) kgen::wgmma_ss<kSliceV, 0>(qs, k_major<kChunk>(q_tile, kk), k_major<kSliceV>(state_tile, kk), kk > 0);
             }
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
             kgen::fence_operands(ks);
-            if (!kSummary) {
+            if (kOutput) {
                 kgen::fence_operands(p), kgen::fence_operands(qs);
                 if (next_full) load_full(kLoadQ, c + 1);  // Q is read by these products only
             }
@@ -316,7 +331,7 @@ struct Recurrence {
             }
             // P * LowerIncl * e^{Gamma_i - Gamma_j} as 16-bit A fragments, and O's first term diag(e^Gamma) Q S.
             unsigned p_frag[kChunk / 16][4];
-            if (!kSummary) {
+            if (kOutput) {
 #pragma unroll
                 for (int n = 0; n < kChunk / 8; ++n) {
                     // Gamma of columns 8 n + fragment_column (+ 1): lane 4 n + lane % 4 holds that pair.
@@ -352,7 +367,7 @@ struct Recurrence {
             kgen::fence_operands(vn);
             if (next_full) load_full(kLoadTbeta, c + 1);
             // W's tile is free once every warp is past the wait above (the wgmma is the warpgroup's).
-            if (!kSummary) store_accumulators<kSliceV, T>(smem.w_vn, vn, 16 * warp, lane);
+            if (kOutput) store_accumulators<kSliceV, T>(smem.w_vn, vn, 16 * warp, lane);
 #pragma unroll
             for (int n = 0; n < kValueTiles; ++n) {
 #pragma unroll
@@ -370,9 +385,9 @@ struct Recurrence {
 
             // O += P Vn;  S^T = e^{Gamma_last} S^T + (diag(e^{Gamma_last - Gamma} / |k|) Vn)^T K. P's
             // fragments are made before the batch: a register written between wgmmas serialises them.
-            if (!kSummary) kgen::fence_operands(p_frag);
+            if (kOutput) kgen::fence_operands(p_frag);
             kgen::wgmma_fence();
-            if (!kSummary) {
+            if (kOutput) {
 #pragma unroll
                 for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kSliceV, 1>(qs, p_frag[kk], mn_major(w_vn_tile, kk), true);
             }
@@ -383,7 +398,7 @@ struct Recurrence {
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
             kgen::fence_operands(s);
-            if (!kSummary) {
+            if (kOutput) {
                 kgen::fence_operands(qs);
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {

@@ -2,27 +2,41 @@
 (families ``gated_delta_rule_kkt``, ``gated_delta_rule_chunk`` and ``gated_delta_rule_step``).
 
 The chunked forward is fla's ``chunk_gated_delta_rule`` (plan varlen batches once with
-:func:`plan_chunk_gated_delta_rule`); the step advances a state pool by one token per sequence, in place.
+:func:`plan_chunk_gated_delta_rule`), differentiable (its backward, :func:`chunk_gated_delta_rule_bwd`, also
+serves callers with their own autograd); the step advances a state pool by one token per sequence, in place.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kgen.families.gated_delta_rule import chunk, library, step
+from kgen.families.gated_delta_rule import backward, chunk, library, step
 from kgen.families.gated_delta_rule.planner import ChunkGatedDeltaRulePlan, plan_chunk_gated_delta_rule
 from kgen.runtime.checks import refuse_grad
 
-__all__ = ["ChunkGatedDeltaRulePlan", "chunk_gated_delta_rule", "gated_delta_rule_step", "plan_chunk_gated_delta_rule"]
+__all__ = ["ChunkGatedDeltaRulePlan", "chunk_gated_delta_rule", "chunk_gated_delta_rule_bwd", "gated_delta_rule_step",
+           "plan_chunk_gated_delta_rule"]
 #: The public ops of this package, for tests that walk every op.
-OPS = ("chunk_gated_delta_rule", "gated_delta_rule_step")
+OPS = ("chunk_gated_delta_rule", "chunk_gated_delta_rule_bwd", "gated_delta_rule_step")
+chunk_gated_delta_rule_bwd = backward.chunk_gated_delta_rule_bwd
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                            cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_layout="kv", plan=None, out=None):
-    refuse_grad("chunk_gated_delta_rule", ("q", "k", "v", "g", "beta", "initial_state"),
-                q, k, v, g, beta, initial_state)
-    if torch.compiler.is_compiling():
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                 for t in (q, k, v, g, beta, initial_state))
+    if needs_grad and out is not None:
+        raise ValueError("out: a result that requires grad cannot be written into a preallocated tensor; "
+                         "leave out=None")
+    if needs_grad and not torch.compiler.is_compiling():
+        # Differentiable: through the registered op, whose autograd is the chunked backward (.backward), after
+        # the eager op's checks, with the plan's tables on the device.
+        plan, _ = chunk.checked_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                       output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout,
+                                       plan=plan)
+        plan.tables.on(q.device)
+    if needs_grad or torch.compiler.is_compiling():
         return library.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                               output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout,

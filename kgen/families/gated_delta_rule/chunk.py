@@ -17,6 +17,7 @@ per batch layout, so the op never synchronises with the device and can be captur
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Callable
@@ -42,6 +43,9 @@ class _Kernels:
     recurrence: KernelLauncher
     summary: KernelLauncher
     chain: KernelLauncher
+    #: The backward's: S^T before every chunk, and the reverse recurrence of the state gradient.
+    states: KernelLauncher
+    reverse: KernelLauncher
     #: Tokens per chunk, and the chain's value columns per block (the contracts' sizes).
     chunk: int
     chain_columns: int
@@ -75,6 +79,8 @@ def _kernels_for(device_index: int, head_dim: int, dtype: torch.dtype, state_lay
         recurrence=launcher(recurrence, "gated_delta_rule_chunk", device_index),
         summary=launcher(recurrence, "gated_delta_rule_chunk_summary", device_index),
         chain=launcher(recurrence, "gated_delta_rule_chunk_chain", device_index),
+        states=launcher(recurrence, "gated_delta_rule_chunk_states", device_index),
+        reverse=launcher(recurrence, "gated_delta_rule_chunk_reverse", device_index),
         chunk=chunk, chain_columns=sizes["chain_columns"],
         new_maps=functools.partial(tma.TensorMaps, boxes, sizes["box_span_bytes"])))
 
@@ -102,6 +108,33 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         plan: from :func:`plan_chunk_gated_delta_rule` for these sequences.
         out: optional preallocated o (contiguous, v's shape and dtype).
     """
+    plan, scale = checked_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout, plan=plan)
+    device = q.device
+    num_seqs, head_dim, heads_v = plan.num_seqs, q.shape[3], v.shape[2]
+    if out is None:
+        out = torch.empty_like(v)
+    else:
+        check_tensor("out", out, ndim=4, dtypes=(q.dtype,), device=device)
+        check_shape("out", out, v.shape, "[B, T, HV, V] like v")
+        check_dense_rows("out", out)
+    final = q.new_empty((num_seqs, heads_v, head_dim, head_dim), dtype=torch.float32) if output_final_state else None
+    if num_seqs:
+        with on_device(device):
+            run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
+                        use_qk_l2norm_in_kernel)
+    return out, final
+
+
+def on_device(device: torch.device):
+    """A context in which ``device`` is current: descriptors are made on, and for, the current device."""
+    return torch.cuda.device(device.index) if device.index != current_device() else contextlib.nullcontext()
+
+
+def checked_inputs(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
+                   state_layout, plan) -> tuple[ChunkGatedDeltaRulePlan, float]:
+    """The plan (made or checked) and the scale of chunk_gated_delta_rule's arguments, every one checked by name."""
     axes = spec_axes(CHUNK_FAMILY)
     check_tensor("q", q, ndim=4, dtypes=axes.dtypes)
     device = q.device
@@ -159,31 +192,23 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         check_shape("initial_state", initial_state, (num_seqs, heads_v, head_dim, head_dim),
                     f"[N, HV, K, V] ({state_layout})")
         check_dense_rows("initial_state", initial_state)
-
-    if out is None:
-        out = torch.empty_like(v)
-    else:
-        check_tensor("out", out, ndim=4, dtypes=(q.dtype,), device=device)
-        check_shape("out", out, v.shape, "[B, T, HV, V] like v")
-        check_dense_rows("out", out)
-    final = q.new_empty((num_seqs, heads_v, head_dim, head_dim), dtype=torch.float32) if output_final_state else None
-    if not num_seqs:
-        return out, final
-    if device.index != current_device():  # descriptors are made on, and for, the current device
-        with torch.cuda.device(device.index):
-            return _launch(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
-                           use_qk_l2norm_in_kernel)
-    return _launch(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
-                   use_qk_l2norm_in_kernel)
+    return plan, scale
 
 
-def _launch(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout, use_qk_l2norm_in_kernel):
-    """The kernels of chunk_gated_delta_rule on checked inputs, on q's device (the current one)."""
+def kernels_for_plan(plan: ChunkGatedDeltaRulePlan, q: torch.Tensor, state_layout: str) -> _Kernels:
+    """The chunk family's kernels for this plan and q's device, head dim and dtype."""
+    return _kernels_for(q.device.index, q.shape[3], q.dtype, state_layout, plan.value_slice, plan.schedule.chunk,
+                        plan.has_incomplete_tile)
+
+
+def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
+                use_qk_l2norm_in_kernel, states: bool = False) -> torch.Tensor:
+    """The forward's kernels on checked inputs, on q's device (the current one); returns Tbeta. With ``states``
+    (the backward's recompute) ``out`` is [chunks, HV, V, K] in q's dtype and receives S^T before every chunk."""
     device = q.device
     heads, head_dim, heads_v = q.shape[2], q.shape[3], v.shape[2]
     slice_v = plan.value_slice
-    kernels = _kernels_for(device.index, head_dim, q.dtype, state_layout, slice_v, plan.schedule.chunk,
-                           plan.has_incomplete_tile)
+    kernels = kernels_for_plan(plan, q, state_layout)
     chunk = kernels.chunk
     chunks, segments, summary_segments, chains = plan.tables.on(device)
     num_chunks = len(plan.chunks)
@@ -229,5 +254,6 @@ def _launch(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale
         kernels.chain.launch((head_dim // kernels.chain_columns, heads_v, len(plan.chains)), summary=summaries.data_ptr(),
                       initial_state=initial, start_states=starts.data_ptr(), chains=chains.data_ptr(),
                       num_heads_v=heads_v)
-    kernels.recurrence.launch((head_dim // slice_v, heads_v, len(plan.segments)), **forward)
-    return out, final
+    (kernels.states if states else kernels.recurrence).launch((head_dim // slice_v, heads_v, len(plan.segments)),
+                                                              **forward)
+    return tbeta

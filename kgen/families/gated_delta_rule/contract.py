@@ -37,6 +37,9 @@ _GDN_RECURRENCE_PARAMETERS = parameters(
     "const T* q, const T* k, const T* v, const float* g, const T* tbeta, const float* chunk_log_decay, const int* segments, "
     "const void* cu_seqlens, long long cu_seqlens_is_int64, const float* initial_state, const float* start_states, float* summary, T* out, float* final_state, "
     "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm, float negligible_log_decay")
+_GDN_REVERSE_PARAMETERS = parameters(
+    "const T* q, const T* k, const float* g, const T* tbeta, const T* d_out, const float* d_final_state, "
+    "const int* segments, T* d_states, float* d_initial_state, long long num_heads, long long num_heads_v, float scale")
 #: Fields of a segment row, as the planner writes them and the recurrence reads them (recurrence.cuh's
 #: SegmentField): the segment's tokens and chunks, its summary and start-state slots (-1: none), whether it
 #: writes its sequence's final state, and its sequence's first token, which with ``end_token`` are the bounds
@@ -54,6 +57,13 @@ def _chain_dynamic_smem_bytes(head_dim: int) -> int:
     return 4 * (column_rows + 2 * (head_dim * (head_dim + 4) + column_rows))
 
 
+def _reverse_dynamic_smem_bytes(chunk: int, head_dim: int, slice_v: int, itemsize: int) -> int:
+    """reverse.cuh's Shared: two chunks' Q, K, dO slice and Tbeta; dS'^T's 16-bit copy; dVn, the gated dO and the
+    gated Y; from a swizzle-aligned base."""
+    elements = 2 * (2 * chunk * head_dim + chunk * slice_v + chunk * chunk) + slice_v * head_dim + 3 * chunk * slice_v
+    return SWIZZLE_ALIGNMENT + elements * itemsize
+
+
 def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
     itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
     chunk, head_dim, slice_v = params["tile_m"], params["head_dim"], params["tile_n"]
@@ -61,17 +71,22 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
     # mbarriers and q's and k's l2norm row scales, padded to 64 bytes; from a swizzle-aligned base.
     elements = 3 * chunk * head_dim + chunk * slice_v + chunk * chunk + head_dim * slice_v + 2 * chunk * slice_v
     small_bytes = -(-(5 * 8 + 2 * chunk * 4) // 64) * 64
+    reverse_smem = _reverse_dynamic_smem_bytes(chunk, head_dim, slice_v, itemsize)
     return LaunchContract(
         threads=params["num_warps"] * 32, dynamic_smem_bytes=SWIZZLE_ALIGNMENT + elements * itemsize + small_bytes,
         sizes={"value_slice": slice_v, "chunk": chunk, "segment_fields": len(GDN_SEGMENT_FIELDS), "box_span_bytes": 128,
                "chain_columns": GDN_CHAIN_COLUMNS, "chain_threads": GDN_CHAIN_THREADS,
-               "chain_dynamic_smem_bytes": _chain_dynamic_smem_bytes(head_dim)},
+               "chain_dynamic_smem_bytes": _chain_dynamic_smem_bytes(head_dim),
+               "reverse_dynamic_smem_bytes": reverse_smem},
         parameters={"gated_delta_rule_chunk": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_summary": _GDN_RECURRENCE_PARAMETERS,
+                    "gated_delta_rule_chunk_states": _GDN_RECURRENCE_PARAMETERS,
+                    "gated_delta_rule_chunk_reverse": _GDN_REVERSE_PARAMETERS,
                     "gated_delta_rule_chunk_chain": parameters(
                         "const float* summary, const float* initial_state, float* start_states, const int* chains, "
                         "long long num_heads_v")},
-        entry_shapes={"gated_delta_rule_chunk_chain": (GDN_CHAIN_THREADS, _chain_dynamic_smem_bytes(head_dim))})
+        entry_shapes={"gated_delta_rule_chunk_chain": (GDN_CHAIN_THREADS, _chain_dynamic_smem_bytes(head_dim)),
+                      "gated_delta_rule_chunk_reverse": (params["num_warps"] * 32, reverse_smem)})
 
 
 CONTRACTS = {

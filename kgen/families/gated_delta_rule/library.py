@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from torch.library import custom_op
 
-from kgen.families.gated_delta_rule import chunk, step
+from kgen.families.gated_delta_rule import backward, chunk, step
 from kgen.families.gated_delta_rule.planner import fixed_length_plan
 from kgen.families.gated_delta_rule.recipe import ChunkRecipe, plan_from_recipe
 from kgen.runtime.compiled import into, needs_plan, placed
@@ -24,11 +24,7 @@ def _chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
                             cu_seqlens: Optional[Tensor], tables: list[Tensor], recipe: list[int], scale: Optional[float],
                             output_final_state: bool, use_qk_l2norm_in_kernel: bool,
                             state_layout: str) -> tuple[Tensor, Tensor]:
-    if recipe:
-        plan = plan_from_recipe(tuple(recipe), tables)
-    else:  # fixed-length sequences without cu_seqlens: planned from the shapes alone, its tables kept
-        with kept_allocations(q.device):
-            plan = fixed_length_plan(q.shape[0], q.shape[1], v.shape[2], q.shape[3], q.device)
+    plan = _plan_of(q, v, tables, recipe)
     o, final = chunk.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
@@ -43,6 +39,56 @@ def _(q, k, v, g, beta, initial_state, cu_seqlens, tables, recipe, scale, output
     head_dim, heads_v = q.shape[3], v.shape[2]
     final = (sequences, heads_v, head_dim, head_dim) if output_final_state else (0,)
     return torch.empty_like(v, memory_format=torch.contiguous_format), v.new_empty(final, dtype=torch.float32)
+
+
+def _plan_of(q, v, tables, recipe):
+    """The plan a recipe names, or (no recipe: fixed-length sequences without cu_seqlens) the shapes' own."""
+    if recipe:
+        return plan_from_recipe(tuple(recipe), tables)
+    with kept_allocations(q.device):  # planned from the shapes alone, its tables kept
+        return fixed_length_plan(q.shape[0], q.shape[1], v.shape[2], q.shape[3], q.device)
+
+
+@custom_op("kgen::chunk_gated_delta_rule_bwd", mutates_args=())
+def _chunk_gated_delta_rule_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, d_out: Tensor,
+                                initial_state: Optional[Tensor], d_final_state: Optional[Tensor],
+                                cu_seqlens: Optional[Tensor], tables: list[Tensor], recipe: list[int],
+                                scale: Optional[float], use_qk_l2norm_in_kernel: bool,
+                                state_layout: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    grads = backward.chunk_gated_delta_rule_bwd(
+        q, k, v, g, beta, d_out.contiguous(), scale=scale, initial_state=initial_state, d_final_state=d_final_state,
+        cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout,
+        plan=_plan_of(q, v, tables, recipe))
+    return (*grads[:5], grads[5] if grads[5] is not None else v.new_empty((0,), dtype=torch.float32))
+
+
+@_chunk_gated_delta_rule_bwd.register_fake
+def _(q, k, v, g, beta, d_out, initial_state, d_final_state, cu_seqlens, tables, recipe, scale,
+      use_qk_l2norm_in_kernel, state_layout):
+    d_initial = (0,) if initial_state is None else initial_state.shape
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format),
+            torch.empty_like(g, memory_format=torch.contiguous_format),
+            torch.empty_like(beta, memory_format=torch.contiguous_format), v.new_empty(d_initial, dtype=torch.float32))
+
+
+def _save_inputs(ctx, inputs, output):
+    q, k, v, g, beta, initial_state, cu_seqlens, tables, recipe, scale, _, l2norm, state_layout = inputs
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, *tables)
+    ctx.options = (recipe, scale, l2norm, state_layout)
+
+
+def _chunk_backward(ctx, d_out, d_final):
+    q, k, v, g, beta, initial_state, cu_seqlens, *tables = ctx.saved_tensors
+    recipe, scale, l2norm, state_layout = ctx.options
+    dq, dk, dv, dg, dbeta, d_initial = torch.ops.kgen.chunk_gated_delta_rule_bwd(
+        q, k, v, g, beta, d_out, initial_state, d_final if d_final is not None and d_final.numel() else None,
+        cu_seqlens, tables, recipe, scale, l2norm, state_layout)
+    return dq, dk, dv, dg, dbeta, d_initial if initial_state is not None else None, None, None, None, None, None, None, None
+
+
+_chunk_gated_delta_rule.register_autograd(_chunk_backward, setup_context=_save_inputs)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,

@@ -1,0 +1,134 @@
+"""The chunked gated delta rule's backward: the gradients of fla's ``chunk_gated_delta_rule``.
+
+The forward keeps nothing but its inputs (as FlashQLA's). The backward
+1. recomputes the state S^T before every chunk (``gated_delta_rule_chunk_states``: the forward's recurrence,
+   its split and chain included, writing 16-bit states instead of o);
+2. runs the state gradient's reverse recurrence from each sequence's end (``gated_delta_rule_chunk_reverse``),
+   writing every chunk's dS'^T (16-bit) and the gradient of the initial state;
+3. takes every chunk's dq, dk, dv, dg and dbeta from them at once (:mod:`.local_grads`, batched torch
+   products in fp32 over slices of chunks), sums dq and dk over each GVA group, and takes the in-kernel
+   l2norm's backward.
+
+Rows past a sequence are zero in every chunk the backward reads, so one sequence's gradients never see
+another's data. Nothing here synchronises with the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kgen.families.gated_delta_rule.chunk import checked_inputs, kernels_for_plan, on_device, run_forward
+from kgen.families.gated_delta_rule.local_grads import chunk_grads, chunk_terms
+from kgen.runtime.checks import check_dense_rows, check_shape, check_tensor
+
+#: The eps of fla's in-kernel l2norm, x / sqrt(sum x^2 + eps).
+L2NORM_EPS = 1e-6
+#: Elements of one [chunk, head, token, feature] fp32 tensor of the per-chunk gradients' slices: bounds the
+#: backward's workspace (a few dozen such tensors live at once) whatever the batch.
+_SLICE_ELEMENTS = 1 << 26
+
+
+def chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, *, scale=None, initial_state=None, d_final_state=None,
+                               cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_layout="kv", plan=None):
+    """The gradients (dq, dk, dv, dg, dbeta, d_initial_state) of ``sum(o * d_out) + sum(final * d_final_state)``
+    through :func:`kgen.ops.chunk_gated_delta_rule` with the same arguments, for callers with their own autograd.
+
+    ``d_out`` is o's gradient (v's shape and dtype); ``d_final_state`` the final state's (fp32, the state
+    layout's shape) or None. dq, dk and dv come in q's dtype, dg in fp32, dbeta in beta's dtype;
+    d_initial_state (fp32) is None without an initial state.
+    """
+    plan, scale = checked_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                 output_final_state=False, cu_seqlens=cu_seqlens,
+                                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout, plan=plan)
+    check_tensor("d_out", d_out, ndim=4, dtypes=(q.dtype,), device=q.device)
+    check_shape("d_out", d_out, v.shape, "[B, T, HV, V] like v")
+    check_dense_rows("d_out", d_out)
+    state_shape = (plan.num_seqs, v.shape[2], q.shape[3], q.shape[3])
+    if d_final_state is not None:
+        check_tensor("d_final_state", d_final_state, ndim=4, dtypes=(torch.float32,), device=q.device)
+        check_shape("d_final_state", d_final_state, state_shape, f"[N, HV, K, V] ({state_layout})")
+        check_dense_rows("d_final_state", d_final_state)
+    if not plan.num_seqs:
+        return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(g),
+                torch.zeros_like(beta), None if initial_state is None else torch.zeros_like(initial_state))
+    with on_device(q.device):
+        return _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state, cu_seqlens,
+                         use_qk_l2norm_in_kernel, state_layout)
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def _l2norm_backward(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """The gradient of x from that of y = x / sqrt(|x|^2 + eps): r (dy - y (y . dy)), r = 1 / sqrt(|x|^2 + eps)."""
+    x = x.float()
+    r = torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+    y = x * r
+    return r * (dy - y * (y * dy).sum(-1, keepdim=True))
+
+
+def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state, cu_seqlens, l2norm, state_layout):
+    batch, tokens, heads, head_dim = q.shape
+    heads_v, total = v.shape[2], batch * tokens
+    dtype = q.dtype
+    # The kernels take q and k normalised (rounded to their dtype); the per-chunk gradients the fp32 ones.
+    qf, kf = (_l2norm(q), _l2norm(k)) if l2norm else (q, k)
+    q_in, k_in = (qf.to(dtype), kf.to(dtype)) if l2norm else (q, k)
+    num_chunks = len(plan.chunks)
+    states = q.new_empty((num_chunks, heads_v, head_dim, head_dim))
+    d_states = torch.empty_like(states)
+    d_initial = None if initial_state is None else torch.empty_like(initial_state)
+    kernels = kernels_for_plan(plan, q, state_layout)
+    tbeta = run_forward(plan, q_in, k_in, v, g, beta, cu_seqlens, initial_state, states, None, scale, state_layout,
+                        False, states=True)
+    chunks, segments = plan.tables.on(q.device)[:2]
+    kernels.reverse.launch((head_dim // plan.value_slice, heads_v, len(plan.segments)), q=q_in.data_ptr(),
+                           k=k_in.data_ptr(), g=g.data_ptr(), tbeta=tbeta.data_ptr(), d_out=d_out.data_ptr(),
+                           d_final_state=0 if d_final_state is None else d_final_state.data_ptr(),
+                           segments=segments.data_ptr(), d_states=d_states.data_ptr(),
+                           d_initial_state=0 if d_initial is None else d_initial.data_ptr(), num_heads=heads,
+                           num_heads_v=heads_v, scale=float(scale))
+
+    chunk = kernels.chunk
+    group = heads_v // heads
+    # Every chunk's rows (padded ones masked), and each token's place among the chunks' rows.
+    offsets = torch.arange(chunk, device=q.device, dtype=torch.int64)
+    first, valid = chunks[:, 0].long(), chunks[:, 1].long()
+    inside = offsets < valid[:, None]  # [chunks, chunk]
+    rows = torch.where(inside, first[:, None] + offsets, 0)
+    token_chunk = torch.searchsorted(first.contiguous(), torch.arange(total, device=q.device), right=True) - 1
+    token_place = token_chunk * chunk + torch.arange(total, device=q.device) - first[token_chunk]
+    sources = [x.reshape(total, -1, x.shape[-1] if x.dim() == 4 else 1) for x in (qf, kf, v, d_out, g, beta)]
+
+    def by_chunk(x, part):  # [total, h, f] -> [chunks of part, h, chunk, f], fp32, rows past a sequence zero
+        picked = x[rows[part]].float()
+        return torch.where(inside[part][:, :, None, None], picked, 0.0).transpose(1, 2)
+
+    # Per chunk, in the chunks' order: dq and dk per q/k head, dv per v-head, dg and dbeta.
+    dq = q.new_empty((num_chunks, heads, chunk, head_dim), dtype=torch.float32)
+    dk, dv = torch.empty_like(dq), q.new_empty((num_chunks, heads_v, chunk, head_dim), dtype=torch.float32)
+    dg = q.new_empty((num_chunks, heads_v, chunk), dtype=torch.float32)
+    dbeta = torch.empty_like(dg)
+    step = max(1, _SLICE_ELEMENTS // (heads_v * chunk * head_dim))
+    for c0 in range(0, num_chunks, step):
+        part = slice(c0, c0 + step)
+        qc, kc, vc, dc, gc, bc = (by_chunk(x, part) for x in sources)
+        qc, kc = qc.repeat_interleave(group, dim=1), kc.repeat_interleave(group, dim=1)
+        gc, bc = gc[..., 0], bc[..., 0]
+        s, dh = states[part].float().mT, d_states[part].float().mT  # the kernels write S^T and dS'^T
+        grads = chunk_grads(chunk_terms(qc, kc, vc, gc, bc), qc, kc, vc, bc, s, dh, dc, scale)
+        size = grads[0].shape[0]
+        # GVA: a q/k head's gradient sums those of the v-heads that read it.
+        dq[part], dk[part] = (x.view(size, heads, group, chunk, head_dim).sum(2) for x in grads[:2])
+        dv[part], dg[part], dbeta[part] = grads[2:]
+
+    def by_token(x):  # [chunks, h, chunk, f...] -> [B, T, h, f...]
+        x = x.transpose(1, 2)
+        return x.reshape(num_chunks * chunk, *x.shape[2:])[token_place].reshape(batch, tokens, *x.shape[2:])
+
+    dq, dk, dv, dg, dbeta = (by_token(x) for x in (dq, dk, dv, dg, dbeta))
+    if l2norm:
+        dq, dk = _l2norm_backward(q, dq), _l2norm_backward(k, dk)
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype), dg, dbeta.to(beta.dtype), d_initial

@@ -1,0 +1,245 @@
+// The backward's reverse recurrence of the state gradient, chunk after chunk from a sequence's end:
+// with dS' the gradient of the state after a chunk (the sequence's last: d_final_state, or 0),
+//     dVn = diag(e^{Gamma_last - Gamma}) K dS' + scale (Q K^T * LowerIncl * e^{Gamma_i - Gamma_j})^T dO
+//     dS  = e^{Gamma_last} dS' + scale (diag(e^Gamma) dO)^T Q - (diag(e^Gamma) Tbeta^T dVn)^T K
+// (the gradient of chunk.cu.j2's S = e^{Gamma_last} S + K^T diag(e^{Gamma_last - Gamma}) Vn and O through
+// S, with Vn = Tbeta (V - diag(e^Gamma) K S)). It writes every chunk's dS' (16-bit, transposed,
+// [chunk, v-head, V, K]) for the per-chunk gradients, and the sequence's dS before its first chunk.
+// A block (one warpgroup) owns (sequence, v-head, slice of kSliceV value columns) and keeps dS'^T [kSliceV, K] in
+// fp32 wgmma accumulators, with a 16-bit copy in shared memory as K dS''s B operand. The sequence runs
+// whole (no split). The chunk before this one loads by cp.async while this one computes; an
+// incomplete chunk's rows past the sequence are zero-filled and never read (has_incomplete_tile=false
+// has no such code). Every gate difference is taken with i <= j, so nothing overflows.
+//
+// Config as for recurrence.cuh. Needs common/ numeric, smem, swizzle, mma, cp_async and wgmma (widths
+// kSliceV, 64 and kHeadDim); gated_delta_rule/tiles.cuh and recurrence.cuh (segment rows, state_at).
+namespace kgen {
+namespace gdn {
+
+template <class Config>
+struct Reverse {
+    using T = typename Config::T;
+    static constexpr int kHeadDim = Config::kHeadDim, kSliceV = Config::kSliceV, kThreads = Config::kThreads;
+    static constexpr bool kHasIncompleteTile = Config::kHasIncompleteTile, kKeyMajor = Config::kKeyMajor;
+    static constexpr int kValueTiles = kSliceV / 8, kKeyTiles = kHeadDim / 8;
+    static constexpr int kPanelBytes = kChunk * 128;
+
+    struct ChunkTiles {  // one chunk's inputs
+        T q[kChunk * kHeadDim], k[kChunk * kHeadDim], d_out[kChunk * kSliceV], tbeta[kChunk * kChunk];
+    };
+    struct alignas(64) Shared {
+        ChunkTiles chunk[2];               // this chunk's, and the one before it as it loads
+        T d_state[kSliceV * kHeadDim];     // dS'^T, K dS''s B operand
+        T d_vn[kChunk * kSliceV];          // dVn, Tbeta^T dVn's B operand
+        T d_out_gated[kChunk * kSliceV];   // scale diag(e^Gamma) dO, transposed A of dS's update
+        T y_gated[kChunk * kSliceV];       // -diag(e^Gamma) Tbeta^T dVn, the same
+    };
+    static_assert(sizeof(T) * kChunk * kSliceV % kSwizzleAlignment == 0 &&
+                  sizeof(T) * kChunk * kChunk % kSwizzleAlignment == 0, "tiles of whole swizzle repeats");
+    static constexpr int kDynamicSmemBytes = sizeof(Shared) + kSwizzleAlignment;
+
+    template <int kRows>
+    __device__ static __forceinline__ unsigned long long k_major(unsigned tile, int kk) {
+        return k_major_descriptor(tile + (kk / 4) * kRows * 128 + (kk % 4) * 32);
+    }
+    __device__ static __forceinline__ unsigned long long mn_major(unsigned tile, int kk) {
+        return mn_major_descriptor(tile + kk * 16 * 128, kPanelBytes);
+    }
+
+    __device__ static __forceinline__ void run(const T* __restrict__ q, const T* __restrict__ k, const float* __restrict__ g,
+                                               const T* __restrict__ tbeta, const T* __restrict__ d_out,
+                                               const float* __restrict__ d_final_state, const int* __restrict__ segments,
+                                               T* __restrict__ d_states, float* __restrict__ d_initial_state,
+                                               long long num_heads, long long num_heads_v, float scale) {
+        extern __shared__ unsigned char smem_bytes[];
+        Shared& smem = *reinterpret_cast<Shared*>(kgen::align_up<kgen::kSwizzleAlignment>(smem_bytes));
+        const int* const segment = segments + kSegmentFields * blockIdx.z;
+        if (!segment[kWritesFinal]) return;  // a sequence runs in the block of its last segment
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        const int sequence = segment[kSequence], end_token = segment[kEndToken], start_token = segment[kSequenceStart];
+        // A sequence's segments start on chunk boundaries and its chunks are consecutive in the plan.
+        const int first_chunk = segment[kFirstChunk] - (segment[kFirstToken] - start_token) / kChunk;
+        const int chunks = segment[kFirstChunk] + segment[kChunks] - first_chunk;
+        const int heads_v = static_cast<int>(num_heads_v), head_v = blockIdx.y;
+        const int head = head_v / (heads_v / static_cast<int>(num_heads));
+        const int value0 = blockIdx.x * kSliceV;
+        const long long qk_stride = num_heads * kHeadDim, v_stride = static_cast<long long>(heads_v) * kHeadDim;
+        auto token_of = [&](int c) { return start_token + c * kChunk; };
+
+        auto load_chunk = [&](int c, ChunkTiles& tiles) {
+            const int token = token_of(c), valid = end_token - token;
+            load_tile<kHeadDim, kThreads, kHasIncompleteTile>(tiles.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid);
+            load_tile<kHeadDim, kThreads, kHasIncompleteTile>(tiles.k, k + token * qk_stride + head * kHeadDim, qk_stride, valid);
+            load_tile<kSliceV, kThreads, kHasIncompleteTile>(tiles.d_out, d_out + token * v_stride + head_v * kHeadDim + value0,
+                                                            v_stride, valid);
+            load_tile<kChunk, kThreads, false>(tiles.tbeta, tbeta + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kChunk * kChunk,
+                                               kChunk, kChunk);
+            kgen::cp_async_commit();
+        };
+
+        // dS'^T's accumulators: value rows 16 warp + lane / 4 (+ 8), key columns 8 n + 2 (lane % 4) (+ 1).
+        const int row = 16 * warp + lane / 4, fragment_column = 2 * (lane % 4);
+        float ds[kKeyTiles][4];
+        {
+            const float* const seed = d_final_state == nullptr
+                ? nullptr : d_final_state + (static_cast<long long>(sequence) * heads_v + head_v) * kHeadDim * kHeadDim;
+#pragma unroll
+            for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int value = value0 + row + (e / 2) * 8, key = 8 * n + fragment_column + e % 2;
+                    ds[n][e] = seed == nullptr ? 0.f : seed[state_at<kKeyMajor, kHeadDim>(key, value)];
+                }
+            }
+        }
+        if (chunks > 0) load_chunk(chunks - 1, smem.chunk[0]);
+        store_accumulators<kHeadDim, T, kKeyTiles, kSliceV>(smem.d_state, ds, 16 * warp, lane);
+        const unsigned d_state_tile = kgen::smem_addr(smem.d_state), d_vn_tile = kgen::smem_addr(smem.d_vn);
+        const unsigned d_out_gated_tile = kgen::smem_addr(smem.d_out_gated), y_gated_tile = kgen::smem_addr(smem.y_gated);
+
+        for (int i = 0; i < chunks; ++i) {
+            const int c = chunks - 1 - i, token = token_of(c);
+            ChunkTiles& tiles = smem.chunk[i % 2];
+            // The other buffer was last read in step i - 1, which every thread has left (its last barrier).
+            if (c > 0) {
+                load_chunk(c - 1, smem.chunk[(i + 1) % 2]);
+                kgen::cp_async_wait<1>();
+            } else {
+                kgen::cp_async_wait<0>();
+            }
+            {  // dS'^T of this chunk, 16-bit, for the per-chunk gradients
+                T* const dest = d_states + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim;
+#pragma unroll
+                for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const long long value = value0 + row + 8 * half;
+                        *reinterpret_cast<unsigned*>(dest + value * kHeadDim + 8 * n + fragment_column) =
+                            kgen::pack2<T>(ds[n][2 * half], ds[n][2 * half + 1]);
+                    }
+                }
+            }
+            float gate[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int t = 2 * lane + e;
+                gate[e] = !kHasIncompleteTile || token + t < end_token ? g[static_cast<long long>(token + t) * heads_v + head_v] : 0.f;
+            }
+            const float2 gamma = gate_cumsum(gate[0], gate[1], lane);
+            const float gamma_last = __shfl_sync(0xffffffffu, gamma.y, 31);
+            const float gamma_row[2] = {gamma_of(gamma, row), gamma_of(gamma, row + 8)};
+            kgen::fence_proxy_async_shared();
+            __syncthreads();  // this chunk's tiles and dS'^T's copy are in
+            const unsigned q_tile = kgen::smem_addr(tiles.q), k_tile = kgen::smem_addr(tiles.k);
+            const unsigned d_out_tile = kgen::smem_addr(tiles.d_out), tbeta_tile = kgen::smem_addr(tiles.tbeta);
+
+            // K Q^T and K dS' in one batch.
+            float kq[kChunk / 8][4], d_vn[kValueTiles][4];
+            kgen::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                kgen::wgmma_ss<kChunk, 0>(kq, k_major<kChunk>(k_tile, kk), k_major<kChunk>(q_tile, kk), kk > 0);
+                kgen::wgmma_ss<kSliceV, 0>(d_vn, k_major<kChunk>(k_tile, kk), k_major<kSliceV>(d_state_tile, kk), kk > 0);
+            }
+            kgen::wgmma_commit();
+            kgen::wgmma_wait<0>();
+            kgen::fence_operands(kq), kgen::fence_operands(d_vn);
+
+            // scale P^T (row i, column j: P_ji, zero for j < i) as 16-bit A fragments; dVn's first term.
+            unsigned pt_frag[kChunk / 16][4];
+#pragma unroll
+            for (int n = 0; n < kChunk / 8; ++n) {
+                const float gamma_column[2] = {__shfl_sync(0xffffffffu, gamma.x, 4 * n + lane % 4),
+                                               __shfl_sync(0xffffffffu, gamma.y, 4 * n + lane % 4)};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = row + (e / 2) * 8, j = 8 * n + fragment_column + e % 2;
+                    kq[n][e] = j >= r ? scale * kq[n][e] * __expf(gamma_column[e % 2] - gamma_row[e / 2]) : 0.f;
+                }
+            }
+            accumulators_as_a<T, kChunk / 8>(pt_frag, kq);
+#pragma unroll
+            for (int n = 0; n < kValueTiles; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) d_vn[n][e] *= __expf(gamma_last - gamma_row[e / 2]);
+            }
+            kgen::fence_operands(pt_frag);
+            kgen::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kSliceV, 1>(d_vn, pt_frag[kk], mn_major(d_out_tile, kk), true);
+            kgen::wgmma_commit();
+            kgen::wgmma_wait<0>();
+            kgen::fence_operands(d_vn);
+            store_accumulators<kSliceV, T>(smem.d_vn, d_vn, 16 * warp, lane);
+            // scale diag(e^Gamma) dO, from this thread's places of the same layout.
+#pragma unroll
+            for (int n = 0; n < kValueTiles; ++n) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int r = row + 8 * half, column = 8 * n + fragment_column;
+                    const unsigned pair = *reinterpret_cast<const unsigned*>(tiles.d_out + swizzled<kSliceV>(r, column));
+                    T value[2];
+                    memcpy(value, &pair, sizeof(value));
+                    const float factor = scale * __expf(gamma_row[half]);
+                    *reinterpret_cast<unsigned*>(smem.d_out_gated + swizzled<kSliceV>(r, column)) =
+                        kgen::pack2<T>(factor * kgen::to_f32<T>(value[0]), factor * kgen::to_f32<T>(value[1]));
+                }
+            }
+            kgen::fence_proxy_async_shared();
+            __syncthreads();  // dVn and the gated dO are whole
+
+            // Y = Tbeta^T dVn (Tbeta's tile read M-major), then -diag(e^Gamma) Y.
+            float y[kValueTiles][4];
+            kgen::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kChunk / 16; ++kk) {
+                kgen::wgmma_ss<kSliceV, 1, 1>(y, mn_major(tbeta_tile, kk), mn_major(d_vn_tile, kk), kk > 0);
+            }
+            kgen::wgmma_commit();
+            kgen::wgmma_wait<0>();
+            kgen::fence_operands(y);
+#pragma unroll
+            for (int n = 0; n < kValueTiles; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) y[n][e] *= -__expf(gamma_row[e / 2]);
+            }
+            store_accumulators<kSliceV, T>(smem.y_gated, y, 16 * warp, lane);
+            const float decay_last = __expf(gamma_last);
+#pragma unroll
+            for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) ds[n][e] *= decay_last;
+            }
+            kgen::fence_proxy_async_shared();
+            __syncthreads();  // the gated Y is whole
+
+            // dS^T = e^{Gamma_last} dS'^T + (scale diag(e^Gamma) dO)^T Q - (diag(e^Gamma) Y)^T K.
+            kgen::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kChunk / 16; ++kk) {
+                kgen::wgmma_ss<kHeadDim, 1, 1>(ds, mn_major(d_out_gated_tile, kk), mn_major(q_tile, kk), true);
+                kgen::wgmma_ss<kHeadDim, 1, 1>(ds, mn_major(y_gated_tile, kk), mn_major(k_tile, kk), true);
+            }
+            kgen::wgmma_commit();
+            kgen::wgmma_wait<0>();
+            kgen::fence_operands(ds);
+            // Every warp is past the first batch (two barriers back), the copy's only reader.
+            store_accumulators<kHeadDim, T, kKeyTiles, kSliceV>(smem.d_state, ds, 16 * warp, lane);
+            __syncthreads();  // this chunk's tiles are read no more: the next step reloads their buffer
+        }
+
+        if (d_initial_state == nullptr) return;
+        float* const dest = d_initial_state + (static_cast<long long>(sequence) * heads_v + head_v) * kHeadDim * kHeadDim;
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int value = value0 + row + (e / 2) * 8, key = 8 * n + fragment_column + e % 2;
+                dest[state_at<kKeyMajor, kHeadDim>(key, value)] = ds[n][e];
+            }
+        }
+    }
+};
+
+}  // namespace gdn
+}  // namespace kgen

@@ -1,0 +1,161 @@
+"""The chunked gated delta rule's backward on the GPU against float64 autograd through the token-by-token
+recurrence: kgen.ops.chunk_gated_delta_rule_bwd, the op's autograd (eager and under torch.compile), split
+sequences, isolation of a poisoned sequence, determinism, CUDA-graph capture and the fla drop-in."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+import gdn_reference as ref  # noqa: E402
+from test_gdn_backward_algebra import GRADIENTS, autograd_grads  # noqa: E402
+from test_gdn_chunk_gpu import DTYPES, head_dims, make_inputs  # noqa: E402
+import kgen.compat.fla as fla  # noqa: E402
+from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, plan_chunk_gated_delta_rule  # noqa: E402
+
+#: Relative RMS of every gradient against float64 (issue 24's bar for 16-bit inputs).
+GRAD_RMS_BAR = 1e-2
+
+
+def make_case(lengths, heads, group, head_dim, dtype, l2norm, beta_fp32, with_initial, with_dht, layout, seed):
+    q, k, v, g, beta = make_inputs(lengths, heads, group, head_dim, dtype, l2norm, beta_fp32, seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    state_shape = (len(lengths), heads * group, head_dim, head_dim)
+    initial = torch.randn(state_shape, generator=gen, device="cuda") if with_initial else None
+    d_out = torch.randn(v.shape, generator=gen, device="cuda").to(dtype)
+    d_final = torch.randn(state_shape, generator=gen, device="cuda") if with_dht else None
+    return (q, k, v, g, beta), initial, d_out, d_final
+
+
+def reference_grads(inputs, initial, d_out, d_final, cu_host, **options):
+    """float64 autograd through ref.recurrent, in the inputs' dtypes' values."""
+    q, k, v, g, beta = (t.double() for t in inputs)
+    return autograd_grads(q, k, v, g, beta, d_out.double(), None if d_final is None else d_final.double(),
+                          None if initial is None else initial.double(), cu_seqlens=cu_host, **options)
+
+
+def assert_close_to_reference(got, want, rows=None):
+    for name, a, b in zip(GRADIENTS, got, want):
+        if b is None:
+            assert a is None, name
+            continue
+        if rows is not None and name != "dh0":
+            a, b = a[:, rows], b[:, rows]
+        assert a.shape == b.shape, name
+        assert torch.isfinite(a).all(), f"{name} has NaN/Inf"
+        assert ref.rel_rms(a, b) <= GRAD_RMS_BAR, (name, ref.rel_rms(a, b))
+
+
+lengths_st = st.lists(st.one_of(st.integers(1, 300), st.sampled_from([63, 64, 65, 127, 128, 129, 191, 257])),
+                      min_size=1, max_size=3)
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=lengths_st, heads=st.integers(1, 2), group=st.sampled_from([1, 2, 4]), dtype=st.sampled_from(sorted(DTYPES)),
+       layout=st.sampled_from(["kv", "vk"]), l2norm=st.booleans(), beta_fp32=st.booleans(), with_initial=st.booleans(),
+       with_dht=st.booleans(), scale=st.sampled_from([None, 0.3]), split=st.sampled_from([None, 1, 2]), data=st.data())
+def test_gradients_match_autograd_through_the_recurrence(lengths, heads, group, dtype, layout, l2norm, beta_fp32,
+                                                         with_initial, with_dht, scale, split, data):
+    head_dim = data.draw(st.sampled_from(head_dims()))
+    seed = len(lengths) * 7919 + sum(lengths)
+    inputs, initial, d_out, d_final = make_case(lengths, heads, group, head_dim, DTYPES[dtype], l2norm, beta_fp32,
+                                                with_initial, with_dht, layout, seed)
+    cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=heads * group, head_dim=head_dim, segment_chunks=split)
+    options = dict(scale=scale, use_qk_l2norm=l2norm, state_layout=layout)
+    got = chunk_gated_delta_rule_bwd(*inputs, d_out, scale=scale, initial_state=initial, d_final_state=d_final,
+                                     cu_seqlens=cu, use_qk_l2norm_in_kernel=l2norm, state_layout=layout, plan=plan)
+    assert got[1].dtype == inputs[0].dtype and got[3].dtype == torch.float32 and got[4].dtype == inputs[4].dtype
+    assert_close_to_reference(got, reference_grads(inputs, initial, d_out, d_final, cu_host, **options))
+
+
+def _training_step(q, k, v, g, beta, initial, d_out, d_final, cu, plan, layout):
+    o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, cu_seqlens=cu,
+                                      use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan)
+    loss = (o.float() * d_out.float()).sum() + (final * d_final).sum()
+    return torch.autograd.grad(loss, (q, k, v, g, beta, initial))
+
+
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+def test_autograd_eager_and_compiled(layout):
+    lengths = [130, 64, 7]
+    inputs, initial, d_out, d_final = make_case(lengths, 2, 2, 128, torch.bfloat16, True, True, True, True, layout, 3)
+    cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=4, head_dim=128, segment_chunks=1, device="cuda")
+    leaves = [t.clone().requires_grad_() for t in (*inputs, initial)]
+    eager = _training_step(*leaves, d_out, d_final, cu, plan, layout)
+    want = reference_grads(inputs, initial, d_out, d_final, cu_host, use_qk_l2norm=True, state_layout=layout)
+    assert_close_to_reference(eager, want)
+    compiled = torch.compile(_training_step, fullgraph=True)(*leaves, d_out, d_final, cu, plan, layout)
+    for name, a, b in zip(GRADIENTS, compiled, eager):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("split", [None, 1])
+def test_a_nan_in_one_sequences_output_gradient_stays_in_that_sequence(split):
+    lengths = [70, 100, 40]
+    inputs, initial, d_out, d_final = make_case(lengths, 2, 2, 128, torch.bfloat16, True, True, True, True, "kv", 9)
+    cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=4, head_dim=128, segment_chunks=split)
+    options = dict(initial_state=initial, d_final_state=d_final, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, plan=plan)
+    clean = chunk_gated_delta_rule_bwd(*inputs, d_out, **options)
+    poisoned_out = d_out.clone()
+    poisoned_out[0, cu_host[1] + 37] = float("nan")
+    poisoned = chunk_gated_delta_rule_bwd(*inputs, poisoned_out, **options)
+    others = torch.ones(cu_host[-1], dtype=torch.bool, device="cuda")
+    others[cu_host[1]:cu_host[2]] = False
+    for name, a, b in zip(GRADIENTS[:-1], poisoned, clean):
+        assert torch.isnan(a[0, cu_host[1]:cu_host[2]]).any(), name  # the poison did reach its own sequence
+        assert torch.equal(a[0, others], b[0, others]), name
+    assert torch.isnan(poisoned[-1][1]).any()
+    assert torch.equal(poisoned[-1][[0, 2]], clean[-1][[0, 2]])
+
+
+def test_gradients_are_deterministic_and_a_graph_replays_them():
+    lengths = [300, 65]
+    inputs, initial, d_out, d_final = make_case(lengths, 2, 2, 128, torch.bfloat16, False, True, True, True, "kv", 21)
+    cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=4, head_dim=128, segment_chunks=2, device="cuda")
+
+    def step():
+        return chunk_gated_delta_rule_bwd(*inputs, d_out, initial_state=initial, d_final_state=d_final, cu_seqlens=cu,
+                                          plan=plan)
+
+    first, second = step(), step()
+    for name, a, b in zip(GRADIENTS, first, second):
+        assert torch.equal(a, b), name
+    step()  # warm: every kernel loaded before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for t in captured:
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, a, b in zip(GRADIENTS, captured, first):
+        assert torch.equal(a, b), name
+
+
+def test_the_fla_drop_in_is_differentiable():
+    lengths = [100, 29]
+    inputs, initial, d_out, _ = make_case(lengths, 1, 2, 128, torch.bfloat16, False, True, True, False, "kv", 4)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    grads = []
+    for call in (fla.chunk_gated_delta_rule, chunk_gated_delta_rule):
+        leaves = [t.clone().requires_grad_() for t in (*inputs, initial)]
+        o, _ = call(*leaves[:5], initial_state=leaves[5], cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+        grads.append(torch.autograd.grad((o.float() * d_out.float()).sum(), leaves))
+    for name, a, b in zip(GRADIENTS, *grads):
+        assert torch.equal(a, b), name
