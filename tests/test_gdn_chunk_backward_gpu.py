@@ -77,25 +77,26 @@ def test_gradients_match_autograd_through_the_recurrence(lengths, heads, group, 
     assert_close_to_reference(got, reference_grads(inputs, initial, d_out, d_final, cu_host, **options))
 
 
-def _training_step(q, k, v, g, beta, initial, d_out, d_final, cu, plan, layout):
+def _loss(q, k, v, g, beta, initial, d_out, d_final, cu, plan, layout):
     o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, cu_seqlens=cu,
                                       use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan)
-    loss = (o.float() * d_out.float()).sum() + (final * d_final).sum()
-    return torch.autograd.grad(loss, (q, k, v, g, beta, initial))
+    return (o.float() * d_out.float()).sum() + (final * d_final).sum()
 
 
 @pytest.mark.parametrize("layout", ["kv", "vk"])
 def test_autograd_eager_and_compiled(layout):
+    # The compiled step: forward and loss in one graph (fullgraph), its backward compiled by AOTAutograd.
     lengths = [130, 64, 7]
     inputs, initial, d_out, d_final = make_case(lengths, 2, 2, 128, torch.bfloat16, True, True, True, True, layout, 3)
     cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
     cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
     plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=4, head_dim=128, segment_chunks=1, device="cuda")
     leaves = [t.clone().requires_grad_() for t in (*inputs, initial)]
-    eager = _training_step(*leaves, d_out, d_final, cu, plan, layout)
+    eager = torch.autograd.grad(_loss(*leaves, d_out, d_final, cu, plan, layout), leaves)
     want = reference_grads(inputs, initial, d_out, d_final, cu_host, use_qk_l2norm=True, state_layout=layout)
     assert_close_to_reference(eager, want)
-    compiled = torch.compile(_training_step, fullgraph=True)(*leaves, d_out, d_final, cu, plan, layout)
+    compiled_loss = torch.compile(_loss, fullgraph=True)(*leaves, d_out, d_final, cu, plan, layout)
+    compiled = torch.autograd.grad(compiled_loss, leaves)
     for name, a, b in zip(GRADIENTS, compiled, eager):
         assert torch.equal(a, b), name
 

@@ -15,6 +15,7 @@ another's data. Nothing here synchronises with the device.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kgen.families.gated_delta_rule.chunk import checked_inputs, kernels_for_plan, on_device, run_forward
@@ -89,7 +90,7 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
                            d_final_state=0 if d_final_state is None else d_final_state.data_ptr(),
                            segments=segments.data_ptr(), d_states=d_states.data_ptr(),
                            d_initial_state=0 if d_initial is None else d_initial.data_ptr(), num_heads=heads,
-                           num_heads_v=heads_v, scale=float(scale))
+                           num_heads_v=heads_v, scale=np.float32(scale))
 
     chunk = kernels.chunk
     group = heads_v // heads
