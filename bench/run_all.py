@@ -28,6 +28,7 @@ import bench_attention_decode
 import bench_attention_kernels
 import bench_attention_sweep
 import bench_first_call
+import bench_gdn_backward
 import bench_gdn_chunk
 import bench_gdn_kkt
 import bench_gdn_step
@@ -46,6 +47,7 @@ BENCHMARKS: list[tuple[str, Callable[[Path, argparse.Namespace], list[dict[str, 
     ("attention kernels", bench_attention_kernels.run),
     ("attention decode", bench_attention_decode.run),
     ("gdn chunk", bench_gdn_chunk.run),
+    ("gdn backward", bench_gdn_backward.run),
     ("gdn kkt", bench_gdn_kkt.run),
     ("gdn sweep", bench_gdn_sweep.run),
     ("gdn step", bench_gdn_step.run),

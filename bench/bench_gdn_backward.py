@@ -1,0 +1,170 @@
+"""The chunked gated delta rule's training step: kgen against FlashQLA and fla, forward and forward + backward
+through each library's autograd, with the step's peak memory, in one run.
+
+Issue 24's shapes (sequences x length, H/HV), K = V = 128, bf16 q/k/v, fp32 g (logsigmoid(randn), strong decay)
+and beta, k L2-normalised, no initial state. A step is the forward, then ``torch.autograd.grad`` of
+sum(o * do) for q, k, v, g and beta; eager (autograd steps cannot be graph-replayed), timed with CUDA events,
+median of 10 after a warm-up. Peak memory: the most allocated during a step beyond what was allocated before
+it (inputs and do). kgen runs with a plan made once on the host; the peers (benchmarks only, never
+dependencies) run in child processes, one per library, on the same inputs: FlashQLA 0.1.3's
+``chunk_gated_delta_rule`` (its autograd function; it compiles its kernels for each new shape on a fresh
+machine) and fla-core 0.6.0's (FLA_FLASH_QLA=0). Each library's gradients are compared with kgen's (rel RMS
+of the five, the largest). Bar (issue 24, to resolve): kgen's forward + backward <= FlashQLA's at every shape.
+
+    PYTHONPATH=. python3 bench/bench_gdn_backward.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from common import environment, fla_gated_delta_rule, peer_function, run_standalone, summary_row, verdict, write_results
+from kgen.ops import chunk_gated_delta_rule, plan_chunk_gated_delta_rule
+
+NAME = "bench_gdn_backward"
+HEAD_DIM = 128
+#: (sequences, length, H, HV): issue 24's table.
+SHAPES = [(1, 32768, 16, 32), (4096, 32, 12, 12)]
+PEERS = ("flashqla", "fla")
+COLUMNS = [("shape", "shape", None)] + [
+    (f"{lib}_{what}", f"{label} {unit}", fmt) for lib, label in (("kgen", "kgen"), ("flashqla", "FlashQLA"), ("fla", "fla"))
+    for what, unit, fmt in (("fwd_ms", "fwd ms", ".3f"), ("step_ms", "fwd+bwd ms", ".3f"), ("peak_gib", "peak GiB", ".2f"))
+] + [("kgen_over_flashqla", "kgen/FlashQLA fwd+bwd", ".2f"), ("kgen_over_fla", "kgen/fla fwd+bwd", ".2f"),
+     ("flashqla_grad_rms", "FlashQLA vs kgen grads rel RMS", ".1e"), ("fla_grad_rms", "fla vs kgen grads rel RMS", ".1e"),
+     ("flashqla_status", "FlashQLA", None), ("fla_status", "fla", None)]
+
+
+def inputs(shape) -> tuple[torch.Tensor, ...]:
+    seqs, length, heads, heads_v = shape
+    gen = torch.Generator(device="cuda").manual_seed(seqs * length + heads_v)
+    total = seqs * length
+    q = torch.randn(1, total, heads, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.nn.functional.normalize(torch.randn(1, total, heads, HEAD_DIM, generator=gen, device="cuda"), dim=-1)
+    v = torch.randn(1, total, heads_v, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, total, heads_v, generator=gen, device="cuda"))
+    beta = torch.rand(1, total, heads_v, generator=gen, device="cuda")
+    do = torch.randn(v.shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+    cu = torch.arange(seqs + 1, dtype=torch.int32) * length
+    return q, k.to(torch.bfloat16), v, g, beta, do, cu
+
+
+def _median_ms(fn: Callable[[], Any], repeats: int = 10) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measured(library: str, forward: Callable[..., torch.Tensor], tensors) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """The library's times and peak memory, and its gradients (to compare)."""
+    q, k, v, g, beta, do, _ = tensors
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, g, beta)]
+
+    def step():
+        o = forward(*leaves)
+        return torch.autograd.grad(o, leaves, grad_outputs=do)
+
+    with torch.no_grad():
+        fwd_ms = _median_ms(lambda: forward(*leaves))
+    grads = step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - before) / 2**30
+    return {f"{library}_fwd_ms": fwd_ms, f"{library}_step_ms": _median_ms(step), f"{library}_peak_gib": peak}, grads
+
+
+def kgen_row(shape) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    tensors = inputs(shape)
+    cu = tensors[-1]
+    cu_device = cu.cuda()
+    plan = plan_chunk_gated_delta_rule(cu, num_heads_v=shape[3], head_dim=HEAD_DIM, device="cuda")
+
+    def forward(q, k, v, g, beta):
+        return chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_device, plan=plan)[0]
+    return measured("kgen", forward, tensors)
+
+
+def _largest_rel_rms(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    return max(float((a.double() - b.double()).pow(2).mean().sqrt() / b.double().pow(2).mean().sqrt().clamp_min(1e-30))
+               for a, b in zip(got, want))
+
+
+def peer_rows(library: str, kgen_grads: list[list[torch.Tensor]]) -> list[dict[str, Any]]:
+    """A peer's rows (in a child process: a fault there must not end this run)."""
+    if library == "fla":
+        fn, status = fla_gated_delta_rule("chunk_gated_delta_rule")
+    else:
+        fn, status = peer_function("flash_qla", "chunk_gated_delta_rule")
+    if fn is None:
+        return [{f"{library}_status": status}] * len(SHAPES)
+    rows = []
+    for shape, want in zip(SHAPES, kgen_grads):
+        tensors = inputs(shape)
+        cu_long = tensors[-1].to("cuda", torch.long)
+
+        def forward(q, k, v, g, beta):
+            return fn(q, k, v, g, beta, cu_seqlens=cu_long)[0]
+        try:
+            row, grads = measured(library, forward, tensors)
+            rows.append({f"{library}_status": "ok", **row,
+                         f"{library}_grad_rms": _largest_rel_rms(grads, [w.cuda() for w in want])})
+        except Exception as exc:
+            rows.append({f"{library}_status": f"failed: {type(exc).__name__}: {exc}"[:200]})
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
+    rows, kgen_grads = [], []
+    for shape in SHAPES:
+        row, grads = kgen_row(shape)
+        rows.append({"shape": f"{shape[0]}x{shape[1]} {shape[2]}/{shape[3]}", **row})
+        kgen_grads.append([x.cpu() for x in grads])
+        torch.cuda.empty_cache()
+    for library in PEERS:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            try:
+                found = pool.submit(peer_rows, library, kgen_grads).result()
+            except Exception as exc:  # the child died
+                found = [{f"{library}_status": f"failed: {type(exc).__name__}: {exc}"[:200]}] * len(SHAPES)
+        for row, peer in zip(rows, found):
+            row.update(peer)
+            if f"{library}_step_ms" in peer:
+                row[f"kgen_over_{library}"] = row["kgen_step_ms"] / peer[f"{library}_step_ms"]
+    for row in rows:
+        print(row, flush=True)
+    write_results(out_dir, NAME, "Gated delta rule training step (forward + backward)", rows, COLUMNS, environment(),
+                  notes=[__doc__])
+    summary = []
+    for row in rows:
+        ratio = row.get("kgen_over_flashqla")
+        label = f"{row['shape']}: kgen/FlashQLA fwd+bwd ({row['kgen_step_ms']:.2f} ms"
+        label += f" vs {row['flashqla_step_ms']:.2f} ms)" if ratio is not None else f"; FlashQLA: {row['flashqla_status']})"
+        summary.append(summary_row("gdn backward", label, ratio, "x", "<= 1.0",
+                                   verdict(ratio, 1.0, False) if ratio is not None else ""))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_standalone(__doc__, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
