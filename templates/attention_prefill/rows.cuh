@@ -8,9 +8,16 @@ namespace attention_prefill {
 struct Mask {
     int lk, offset, window_left, window_right;
 
-    __device__ __forceinline__ bool allows(int row, int key) const {
-        return key < lk && (window_left < 0 || key >= row + offset - window_left) &&
-               (window_right < 0 || key <= row + offset + window_right);
+    // The keys row `row` may attend, [x, y), counted from key `base`: a key is allowed when it is inside the
+    // sequence and the window. Found once per row (in 64 bits, then clamped to +-2^30, which leaves every
+    // comparison with a tile's columns as it was), so that masking a score is two compares.
+    __device__ __forceinline__ int2 keys_of(int row, int base) const {
+        constexpr long long kFar = 1ll << 30;
+        const long long diagonal = static_cast<long long>(row) + offset - base;
+        const long long first = window_left < 0 ? -kFar : diagonal - window_left;
+        long long end = static_cast<long long>(lk) - base;
+        if (window_right >= 0) end = min(end, diagonal + window_right + 1);
+        return make_int2(static_cast<int>(max(-kFar, min(kFar, first))), static_cast<int>(max(-kFar, min(kFar, end))));
     }
 };
 
@@ -74,18 +81,23 @@ struct TileWork {
     }
 };
 
-// thread_row0: the thread's first row (row block 0, upper half); its others are 8 and 16 apart.
+// thread_row0: the thread's first row (row block 0, upper half); its others are 8 and 16 apart. Each of the
+// thread's rows finds its keys once; a score's column offset is then a compile-time constant.
 template <int kRowBlocks, int kBlocksN>
 __device__ __forceinline__ void mask_scores(float (&s)[kRowBlocks][kBlocksN][4], const Mask& mask, int key0, int thread_row0,
                                             int quad_col) {
 #pragma unroll
     for (int rb = 0; rb < kRowBlocks; ++rb) {
 #pragma unroll
-        for (int nb = 0; nb < kBlocksN; ++nb) {
+        for (int half = 0; half < 2; ++half) {
+            const int2 keys = mask.keys_of(thread_row0 + rb * 16 + half * 8, key0 + 2 * quad_col);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = key0 + nb * 8 + 2 * quad_col + (e & 1);
-                if (!mask.allows(thread_row0 + rb * 16 + (e >> 1) * 8, key)) s[rb][nb][e] = -inf();
+            for (int nb = 0; nb < kBlocksN; ++nb) {
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int column = nb * 8 + j;
+                    if (column < keys.x || column >= keys.y) s[rb][nb][2 * half + j] = -inf();
+                }
             }
         }
     }
