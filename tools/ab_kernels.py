@@ -32,7 +32,9 @@ PREFILL = [("prefill hd128 2x8192 causal", [8192] * 2, 16, 128, True),
            ("prefill hd128 2x8192", [8192] * 2, 16, 128, False),
            ("prefill hd128 8x2048 causal", [2048] * 8, 16, 128, True),
            ("prefill hd64 4x4096 causal", [4096] * 4, 32, 64, True),
-           ("prefill hd128 64 short causal", [50 + (37 * i) % 250 for i in range(64)], 16, 128, True)]
+           ("prefill hd128 64 short causal", [50 + (37 * i) % 250 for i in range(64)], 16, 128, True),
+           # Seed 000's sweep (issue 25): N = min(4096, 131072 // L) causal sequences of L tokens, 12 heads.
+           *((f"prefill seed L={n} causal", [n] * min(4096, 131072 // n), 12, 128, True) for n in (32, 64, 65, 128, 129, 256))]
 #: (name, lengths, H, HV, weak gates, plan options); exact_split only where the tree has it. Gates are strong,
 #: logsigmoid(randn), or weak: FlashQLA's benchmark gates, logsigmoid(randn) / 16 with a quarter of the heads at 0.
 EXACT = {"exact_split": True}
