@@ -3,7 +3,8 @@ through each library's autograd, with the step's peak memory, in one run.
 
 Issue 24's shapes (sequences x length, H/HV), K = V = 128, bf16 q/k/v, fp32 g (logsigmoid(randn), strong decay)
 and beta, k L2-normalised, no initial state. A step is the forward, then ``torch.autograd.grad`` of
-sum(o * do) for q, k, v, g and beta; eager (autograd steps cannot be graph-replayed), timed with CUDA events,
+sum(o * do) for q, k, v, g and beta (and, beside it, kgen's forward then ``chunk_gated_delta_rule_bwd`` with
+``per_chunk="kernel"``, whose gradients are compared with the autograd step's); eager (autograd steps cannot be graph-replayed), timed with CUDA events,
 median of 10 after a warm-up. Peak memory: the most allocated during a step beyond what was allocated before
 it (inputs and do). kgen runs with a plan made once on the host; the peers (benchmarks only, never
 dependencies) run in child processes, one per library, on the same inputs: FlashQLA 0.1.3's
@@ -26,7 +27,7 @@ from typing import Any, Callable
 import torch
 
 from common import environment, fla_gated_delta_rule, peer_function, run_standalone, summary_row, verdict, write_results
-from kgen.ops import chunk_gated_delta_rule, plan_chunk_gated_delta_rule
+from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, plan_chunk_gated_delta_rule
 
 NAME = "bench_gdn_backward"
 HEAD_DIM = 128
@@ -36,7 +37,9 @@ PEERS = ("flashqla", "fla")
 COLUMNS = [("shape", "shape", None)] + [
     (f"{lib}_{what}", f"{label} {unit}", fmt) for lib, label in (("kgen", "kgen"), ("flashqla", "FlashQLA"), ("fla", "fla"))
     for what, unit, fmt in (("fwd_ms", "fwd ms", ".3f"), ("step_ms", "fwd+bwd ms", ".3f"), ("peak_gib", "peak GiB", ".2f"))
-] + [("kgen_over_flashqla", "kgen/FlashQLA fwd+bwd", ".2f"), ("kgen_over_fla", "kgen/fla fwd+bwd", ".2f"),
+] + [("kgen_kernel_step_ms", "kgen fwd+bwd ms, per-chunk kernel", ".3f"),
+     ("kgen_kernel_grad_rms", "per-chunk kernel vs torch grads rel RMS", ".1e"),
+     ("kgen_over_flashqla", "kgen/FlashQLA fwd+bwd", ".2f"), ("kgen_over_fla", "kgen/fla fwd+bwd", ".2f"),
      ("flashqla_grad_rms", "FlashQLA vs kgen grads rel RMS", ".1e"), ("fla_grad_rms", "fla vs kgen grads rel RMS", ".1e"),
      ("flashqla_status", "FlashQLA", None), ("fla_status", "fla", None)]
 
@@ -92,13 +95,21 @@ def measured(library: str, forward: Callable[..., torch.Tensor], tensors) -> tup
 
 def kgen_row(shape) -> tuple[dict[str, Any], list[torch.Tensor]]:
     tensors = inputs(shape)
-    cu = tensors[-1]
+    q, k, v, g, beta, do, cu = tensors
     cu_device = cu.cuda()
     plan = plan_chunk_gated_delta_rule(cu, num_heads_v=shape[3], head_dim=HEAD_DIM, device="cuda")
 
     def forward(q, k, v, g, beta):
         return chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_device, plan=plan)[0]
-    return measured("kgen", forward, tensors)
+    row, grads = measured("kgen", forward, tensors)
+
+    def kernel_step():  # the forward, then the backward with its per-chunk gradients by the kernel
+        chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_device, plan=plan)
+        return chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, cu_seqlens=cu_device, plan=plan, per_chunk="kernel")
+    with torch.no_grad():
+        row["kgen_kernel_step_ms"] = _median_ms(kernel_step)
+        row["kgen_kernel_grad_rms"] = _largest_rel_rms(list(kernel_step()[:5]), grads)
+    return row, grads
 
 
 def _largest_rel_rms(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:

@@ -5,9 +5,10 @@ The forward keeps nothing but its inputs (as FlashQLA's). The backward
    its split and chain included, writing 16-bit states instead of o);
 2. runs the state gradient's reverse recurrence from each sequence's end (``gated_delta_rule_chunk_reverse``),
    writing every chunk's dS'^T (16-bit) and the gradient of the initial state;
-3. takes every chunk's dq, dk, dv, dg and dbeta from them at once (:mod:`.local_grads`, batched torch
-   products in fp32 over slices of chunks), sums dq and dk over each GVA group, and takes the in-kernel
-   l2norm's backward.
+3. takes every chunk's dq, dk, dv, dg and dbeta from them: by default with :mod:`.local_grads` (batched torch
+   products in fp32 over slices of chunks); with ``per_chunk="kernel"`` by ``gated_delta_rule_chunk_grads``, a
+   block per (chunk, v-head), everything in shared memory (new: not yet run on a GPU, see bench/NOTES.md);
+   then sums dq and dk over each GVA group, and takes the in-kernel l2norm's backward.
 
 Rows past a sequence are zero in every chunk the backward reads, so one sequence's gradients never see
 another's data. Nothing here synchronises with the device.
@@ -29,15 +30,22 @@ L2NORM_EPS = 1e-6
 _SLICE_ELEMENTS = 1 << 26
 
 
+#: Where the per-chunk gradients are taken (see the module's step 3).
+PER_CHUNK = ("torch", "kernel")
+
+
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, *, scale=None, initial_state=None, d_final_state=None,
-                               cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_layout="kv", plan=None):
+                               cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_layout="kv", plan=None,
+                               per_chunk="torch"):
     """The gradients (dq, dk, dv, dg, dbeta, d_initial_state) of ``sum(o * d_out) + sum(final * d_final_state)``
     through :func:`kgen.ops.chunk_gated_delta_rule` with the same arguments, for callers with their own autograd.
 
     ``d_out`` is o's gradient (v's shape and dtype); ``d_final_state`` the final state's (fp32, the state
     layout's shape) or None. dq, dk and dv come in q's dtype, dg in fp32, dbeta in beta's dtype;
-    d_initial_state (fp32) is None without an initial state.
+    d_initial_state (fp32) is None without an initial state. ``per_chunk``: one of :data:`PER_CHUNK`.
     """
+    if per_chunk not in PER_CHUNK:
+        raise ValueError(f"per_chunk: expected one of {PER_CHUNK}, got {per_chunk!r}")
     plan, scale = checked_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                  output_final_state=False, cu_seqlens=cu_seqlens,
                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout, plan=plan)
@@ -54,7 +62,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, *, scale=None, initial_s
                 torch.zeros_like(beta), None if initial_state is None else torch.zeros_like(initial_state))
     with on_device(q.device):
         return _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state, cu_seqlens,
-                         use_qk_l2norm_in_kernel, state_layout)
+                         use_qk_l2norm_in_kernel, state_layout, per_chunk)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -70,9 +78,9 @@ def _l2norm_backward(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     return r * (dy - y * (y * dy).sum(-1, keepdim=True))
 
 
-def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state, cu_seqlens, l2norm, state_layout):
-    batch, tokens, heads, head_dim = q.shape
-    heads_v, total = v.shape[2], batch * tokens
+def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state, cu_seqlens, l2norm, state_layout,
+              per_chunk):
+    heads, head_dim, heads_v = q.shape[2], q.shape[3], v.shape[2]
     dtype = q.dtype
     # The kernels take q and k normalised (rounded to their dtype); the per-chunk gradients the fp32 ones.
     qf, kf = (_l2norm(q), _l2norm(k)) if l2norm else (q, k)
@@ -92,15 +100,49 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
                            d_initial_state=0 if d_initial is None else d_initial.data_ptr(), num_heads=heads,
                            num_heads_v=heads_v, scale=np.float32(scale))
 
-    chunk = kernels.chunk
+    if per_chunk == "kernel":
+        dq, dk, dv, dg, dbeta = _kernel_grads(kernels, q_in, k_in, v, g, beta, tbeta, states, d_states, d_out,
+                                              chunks, scale)
+    else:
+        dq, dk, dv, dg, dbeta = _torch_grads(qf, kf, v, g, beta, states, d_states, d_out, chunks, scale, kernels.chunk)
+    if l2norm:
+        dq, dk = _l2norm_backward(q, dq), _l2norm_backward(k, dk)
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype), dg, dbeta.to(beta.dtype), d_initial
+
+
+def _kernel_grads(kernels, q, k, v, g, beta, tbeta, states, d_states, d_out, chunks, scale):
+    """dq, dk (fp32, summed over each GVA group), dv, dg and dbeta (fp32) by gated_delta_rule_chunk_grads."""
+    batch, tokens, heads, head_dim = q.shape
+    heads_v = v.shape[2]
+    dq = q.new_empty((batch, tokens, heads_v, head_dim), dtype=torch.float32)  # per v-head
+    dk, dv = torch.empty_like(dq), torch.empty_like(v)
+    dg = torch.empty_like(g)
+    dbeta = g.new_empty(g.shape)
+    if len(chunks):
+        kernels.grads.launch((len(chunks), heads_v), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(),
+                             beta=beta.data_ptr(), beta_is_fp32=int(beta.dtype is torch.float32),
+                             chunks=chunks.data_ptr(), tbeta=tbeta.data_ptr(), states=states.data_ptr(),
+                             d_states=d_states.data_ptr(), d_out=d_out.data_ptr(), dq=dq.data_ptr(), dk=dk.data_ptr(),
+                             dv=dv.data_ptr(), dg=dg.data_ptr(), dbeta=dbeta.data_ptr(), num_heads=heads,
+                             num_heads_v=heads_v, scale=np.float32(scale))
     group = heads_v // heads
+    dq, dk = (x.view(batch, tokens, heads, group, head_dim).sum(3) for x in (dq, dk))
+    return dq, dk, dv, dg, dbeta
+
+
+def _torch_grads(qf, kf, v, g, beta, states, d_states, d_out, chunks, scale, chunk):
+    """dq, dk (summed over each GVA group), dv, dg and dbeta, fp32, by :mod:`.local_grads` over slices of chunks."""
+    batch, tokens, heads, head_dim = qf.shape
+    heads_v, total, num_chunks = v.shape[2], batch * tokens, len(chunks)
+    group = heads_v // heads
+    device = qf.device
     # Every chunk's rows (padded ones masked), and each token's place among the chunks' rows.
-    offsets = torch.arange(chunk, device=q.device, dtype=torch.int64)
+    offsets = torch.arange(chunk, device=device, dtype=torch.int64)
     first, valid = chunks[:, 0].long(), chunks[:, 1].long()
     inside = offsets < valid[:, None]  # [chunks, chunk]
     rows = torch.where(inside, first[:, None] + offsets, 0)
-    token_chunk = torch.searchsorted(first.contiguous(), torch.arange(total, device=q.device), right=True) - 1
-    token_place = token_chunk * chunk + torch.arange(total, device=q.device) - first[token_chunk]
+    token_chunk = torch.searchsorted(first.contiguous(), torch.arange(total, device=device), right=True) - 1
+    token_place = token_chunk * chunk + torch.arange(total, device=device) - first[token_chunk]
     sources = [x.reshape(total, -1, x.shape[-1] if x.dim() == 4 else 1) for x in (qf, kf, v, d_out, g, beta)]
 
     def by_chunk(x, part):  # [total, h, f] -> [chunks of part, h, chunk, f], fp32, rows past a sequence zero
@@ -108,9 +150,9 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
         return torch.where(inside[part][:, :, None, None], picked, 0.0).transpose(1, 2)
 
     # Per chunk, in the chunks' order: dq and dk per q/k head, dv per v-head, dg and dbeta.
-    dq = q.new_empty((num_chunks, heads, chunk, head_dim), dtype=torch.float32)
-    dk, dv = torch.empty_like(dq), q.new_empty((num_chunks, heads_v, chunk, head_dim), dtype=torch.float32)
-    dg = q.new_empty((num_chunks, heads_v, chunk), dtype=torch.float32)
+    dq = v.new_empty((num_chunks, heads, chunk, head_dim), dtype=torch.float32)
+    dk, dv = torch.empty_like(dq), v.new_empty((num_chunks, heads_v, chunk, head_dim), dtype=torch.float32)
+    dg = v.new_empty((num_chunks, heads_v, chunk), dtype=torch.float32)
     dbeta = torch.empty_like(dg)
     step = max(1, _SLICE_ELEMENTS // (heads_v * chunk * head_dim))
     for c0 in range(0, num_chunks, step):
@@ -129,7 +171,4 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
         x = x.transpose(1, 2)
         return x.reshape(num_chunks * chunk, *x.shape[2:])[token_place].reshape(batch, tokens, *x.shape[2:])
 
-    dq, dk, dv, dg, dbeta = (by_token(x) for x in (dq, dk, dv, dg, dbeta))
-    if l2norm:
-        dq, dk = _l2norm_backward(q, dq), _l2norm_backward(k, dk)
-    return dq.to(dtype), dk.to(dtype), dv.to(dtype), dg, dbeta.to(beta.dtype), d_initial
+    return tuple(by_token(x) for x in (dq, dk, dv, dg, dbeta))

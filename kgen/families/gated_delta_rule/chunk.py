@@ -43,9 +43,11 @@ class _Kernels:
     recurrence: KernelLauncher
     summary: KernelLauncher
     chain: KernelLauncher
-    #: The backward's: S^T before every chunk, and the reverse recurrence of the state gradient.
+    #: The backward's: S^T before every chunk, the reverse recurrence of the state gradient, and the per-chunk
+    #: gradients.
     states: KernelLauncher
     reverse: KernelLauncher
+    grads: KernelLauncher
     #: Tokens per chunk, and the chain's value columns per block (the contracts' sizes).
     chunk: int
     chain_columns: int
@@ -81,6 +83,7 @@ def _kernels_for(device_index: int, head_dim: int, dtype: torch.dtype, state_lay
         chain=launcher(recurrence, "gated_delta_rule_chunk_chain", device_index),
         states=launcher(recurrence, "gated_delta_rule_chunk_states", device_index),
         reverse=launcher(recurrence, "gated_delta_rule_chunk_reverse", device_index),
+        grads=launcher(recurrence, "gated_delta_rule_chunk_grads", device_index),
         chunk=chunk, chain_columns=sizes["chain_columns"],
         new_maps=functools.partial(tma.TensorMaps, boxes, sizes["box_span_bytes"])))
 

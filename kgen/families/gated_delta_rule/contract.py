@@ -40,6 +40,12 @@ _GDN_RECURRENCE_PARAMETERS = parameters(
 _GDN_REVERSE_PARAMETERS = parameters(
     "const T* q, const T* k, const float* g, const T* tbeta, const T* d_out, const float* d_final_state, "
     "const int* segments, T* d_states, float* d_initial_state, long long num_heads, long long num_heads_v, float scale")
+_GDN_GRADS_PARAMETERS = parameters(
+    "const T* q, const T* k, const T* v, const float* g, const void* beta, long long beta_is_fp32, const int* chunks, "
+    "const T* tbeta, const T* states, const T* d_states, const T* d_out, float* dq, float* dk, T* dv, float* dg, "
+    "float* dbeta, long long num_heads, long long num_heads_v, float scale")
+#: The per-chunk gradients' block: threads.
+GDN_GRADS_THREADS = 256
 #: Fields of a segment row, as the planner writes them and the recurrence reads them (recurrence.cuh's
 #: SegmentField): the segment's tokens and chunks, its summary and start-state slots (-1: none), whether it
 #: writes its sequence's final state, and its sequence's first token, which with ``end_token`` are the bounds
@@ -64,6 +70,15 @@ def _reverse_dynamic_smem_bytes(chunk: int, head_dim: int, slice_v: int, itemsiz
     return SWIZZLE_ALIGNMENT + elements * itemsize
 
 
+def _grads_dynamic_smem_bytes(chunk: int, head_dim: int, itemsize: int) -> int:
+    """local_grads.cuh's Shared: Q, K, V, dO, two wide scratch tiles and (head_dim rows) S^T and dS'^T, rows of
+    head_dim + 8; Tbeta and T, rows of chunk + 8; two fp32 chunk x chunk scratch tiles, rows of chunk + 4; eight
+    per-row float vectors and a float per warp; 16 bytes of alignment slack."""
+    wide, square = head_dim + 8, chunk + 8
+    tiles = (6 * chunk * wide + 2 * head_dim * wide + 2 * chunk * square) * itemsize
+    return tiles + 2 * chunk * (chunk + 4) * 4 + (8 * chunk + GDN_GRADS_THREADS // 32) * 4 + 16
+
+
 def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
     itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
     chunk, head_dim, slice_v = params["tile_m"], params["head_dim"], params["tile_n"]
@@ -72,21 +87,25 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
     elements = 3 * chunk * head_dim + chunk * slice_v + chunk * chunk + head_dim * slice_v + 2 * chunk * slice_v
     small_bytes = -(-(5 * 8 + 2 * chunk * 4) // 64) * 64
     reverse_smem = _reverse_dynamic_smem_bytes(chunk, head_dim, slice_v, itemsize)
+    grads_smem = _grads_dynamic_smem_bytes(chunk, head_dim, itemsize)
     return LaunchContract(
         threads=params["num_warps"] * 32, dynamic_smem_bytes=SWIZZLE_ALIGNMENT + elements * itemsize + small_bytes,
         sizes={"value_slice": slice_v, "chunk": chunk, "segment_fields": len(GDN_SEGMENT_FIELDS), "box_span_bytes": 128,
                "chain_columns": GDN_CHAIN_COLUMNS, "chain_threads": GDN_CHAIN_THREADS,
                "chain_dynamic_smem_bytes": _chain_dynamic_smem_bytes(head_dim),
-               "reverse_dynamic_smem_bytes": reverse_smem},
+               "reverse_dynamic_smem_bytes": reverse_smem, "grads_dynamic_smem_bytes": grads_smem,
+               "grads_threads": GDN_GRADS_THREADS},
         parameters={"gated_delta_rule_chunk": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_summary": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_states": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_reverse": _GDN_REVERSE_PARAMETERS,
+                    "gated_delta_rule_chunk_grads": _GDN_GRADS_PARAMETERS,
                     "gated_delta_rule_chunk_chain": parameters(
                         "const float* summary, const float* initial_state, float* start_states, const int* chains, "
                         "long long num_heads_v")},
         entry_shapes={"gated_delta_rule_chunk_chain": (GDN_CHAIN_THREADS, _chain_dynamic_smem_bytes(head_dim)),
-                      "gated_delta_rule_chunk_reverse": (params["num_warps"] * 32, reverse_smem)})
+                      "gated_delta_rule_chunk_reverse": (params["num_warps"] * 32, reverse_smem),
+                      "gated_delta_rule_chunk_grads": (GDN_GRADS_THREADS, grads_smem)})
 
 
 CONTRACTS = {

@@ -1,0 +1,429 @@
+// The backward's per-chunk gradients, one block per (chunk, v-head): kgen/families/gated_delta_rule/local_grads.py's
+// algebra (its docstring has the notation) from the chunk's inputs, its start state S (S^T, from
+// gated_delta_rule_chunk_states), the gradient dS' of its end state (dS'^T, from gated_delta_rule_chunk_reverse)
+// and Tbeta (from gated_delta_rule_kkt), with T = I - Tbeta StrictLower(K K^T * D) (since T (I + A) = I).
+// Writes dq and dk per v-head (fp32; the host sums a GVA group's), dv, dg and dbeta of the chunk's tokens.
+//
+// Every operand is a 16-bit shared-memory tile in plain row-major order, rows padded by 16 bytes so that the
+// eight rows an ldmatrix reads start on distinct banks; every product is `product`, mma.sync over one such pair
+// (either side read transposed), its result in registers: the 8 warps split the 64 rows in four and the columns
+// in two. fp32 matrices the whole block reads (the masks' sums) go through fp32 scratch tiles. Sums over a row
+// are made in a fixed order (no atomics), so the gradients are deterministic. Rows past the sequence are zero
+// in q, k, v and dO, their gates and betas zero, and nothing is written for them.
+//
+// Config as for recurrence.cuh (T, kHeadDim, kHasIncompleteTile). Needs common/ numeric, smem, mma and cp_async;
+// gated_delta_rule/tiles.cuh (kChunk).
+namespace kgen {
+namespace gdn {
+
+template <class Config>
+struct LocalGrads {
+    using T = typename Config::T;
+    static constexpr int kHeadDim = Config::kHeadDim;
+    static constexpr bool kHasIncompleteTile = Config::kHasIncompleteTile;
+    static constexpr int kThreads = 256, kWarps = kThreads / 32;
+    static constexpr int kWide = kHeadDim + 8, kSquare = kChunk + 8, kStateRows = kHeadDim;  // padded strides
+    static constexpr int kSquareF = kChunk + 4;  // fp32 scratch stride
+
+    struct Shared {
+        T q[kChunk * kWide], k[kChunk * kWide], v[kChunk * kWide], d_out[kChunk * kWide];
+        T state[kStateRows * kWide], d_state[kStateRows * kWide];  // S^T and dS'^T, [value][key]
+        T tbeta[kChunk * kSquare];   // Tbeta; later dqk, then dt, then dkk + dkk^T
+        T t[kChunk * kSquare];       // L (16-bit) for T, then T
+        T wide0[kChunk * kWide];     // Z, then P (first 64 columns), then dVn
+        T wide1[kChunk * kWide];     // Vn, then dw
+        float square0[kChunk * kSquareF];  // L = StrictLower(K K^T * D), then dkk
+        float square1[kChunk * kSquareF];  // K K^T and Q K^T, then P = Q K^T * D, then dP * P, then dA * A
+        float gamma[kChunk], beta[kChunk];
+        float row_part[2][kChunk];    // a row's sum from each column half of the warps
+        float d_gamma[kChunk], d_beta[kChunk];
+        float via_kd[kChunk], via_kb[kChunk];  // Kd . dKd and e^G k . dKb, row by row
+        float block_part[kWarps];
+    };
+    static constexpr int kDynamicSmemBytes = sizeof(Shared) + 16;
+    static_assert(kDynamicSmemBytes <= 227 * 1024, "gated_delta_rule_chunk_grads: shared memory over 227 KB");
+
+    // The warp's rows [16 (warp % 4), +16) and columns [half * kN / 2, +kN / 2) of op(A) op(B), A [64][kK] (or
+    // stored [kK][64] when kATransposed) and B [kK][kN] (kBKN) or stored [kN][kK]; strides in elements.
+    template <int kN, int kK, bool kATransposed, bool kBKN>
+    __device__ static __forceinline__ void product(float (&acc)[kN / 16][4], const T* a, int a_stride, const T* b,
+                                                   int b_stride) {
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        const int m0 = 16 * (warp % 4), n_base = (warp / 4) * (kN / 2);
+#pragma unroll
+        for (int n = 0; n < kN / 16; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll 2
+        for (int k0 = 0; k0 < kK; k0 += 16) {
+            unsigned a_frag[4];
+            if (kATransposed) {
+                ldmatrix_x4_trans(a_frag, smem_addr(a + (k0 + lane % 8 + (lane / 16) * 8) * a_stride + m0 + ((lane / 8) % 2) * 8));
+            } else {
+                ldmatrix_x4(a_frag, smem_addr(a + (m0 + lane % 16) * a_stride + k0 + (lane / 16) * 8));
+            }
+#pragma unroll
+            for (int np = 0; np < kN / 32; ++np) {
+                const int n0 = n_base + 16 * np;
+                unsigned b_frag[4];
+                if (kBKN) {
+                    ldmatrix_x4_trans(b_frag, smem_addr(b + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * b_stride + n0 + (lane / 16) * 8));
+                } else {
+                    ldmatrix_x4(b_frag, smem_addr(b + (n0 + lane % 8 + (lane / 16) * 8) * b_stride + k0 + ((lane / 8) % 2) * 8));
+                }
+                mma_16816<T>(acc[2 * np], a_frag, b_frag[0], b_frag[1]);
+                mma_16816<T>(acc[2 * np + 1], a_frag, b_frag[2], b_frag[3]);
+            }
+        }
+    }
+
+    // Row and column of accumulator element (n, e) of a product kN wide.
+    template <int kN>
+    __device__ static __forceinline__ int row_of(int e) { return 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4 + (e / 2) * 8; }
+    template <int kN>
+    __device__ static __forceinline__ int column_of(int n, int e) {
+        return (threadIdx.x / 128) * (kN / 2) + 8 * n + 2 * (threadIdx.x % 4) + e % 2;
+    }
+
+    // Each thread's accumulator elements through f(row, column, value) -> the value to keep.
+    template <int kN, class F>
+    __device__ static __forceinline__ void each(float (&acc)[kN / 16][4], F f) {
+#pragma unroll
+        for (int n = 0; n < kN / 16; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[n][e] = f(row_of<kN>(e), column_of<kN>(n, e), acc[n][e]);
+        }
+    }
+
+    // A product's results into a 16-bit tile (stride in elements).
+    template <int kN>
+    __device__ static __forceinline__ void store(T* tile, int stride, const float (&acc)[kN / 16][4]) {
+#pragma unroll
+        for (int n = 0; n < kN / 16; ++n) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                *reinterpret_cast<unsigned*>(tile + row_of<kN>(2 * half) * stride + column_of<kN>(n, 0)) =
+                    pack2<T>(acc[n][2 * half], acc[n][2 * half + 1]);
+            }
+        }
+    }
+
+    // acc += factor * more, element by element.
+    template <int kN>
+    __device__ static __forceinline__ void add_into(float (&acc)[kN / 16][4], const float (&more)[kN / 16][4], float factor) {
+#pragma unroll
+        for (int n = 0; n < kN / 16; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[n][e] += factor * more[n][e];
+        }
+    }
+
+    // A product's rows into global memory, fp32, rows `row_stride` elements apart, only the rows inside the
+    // sequence (row_inside: the thread's upper and lower row).
+    template <int kN>
+    __device__ static __forceinline__ void write_rows(float* out, long long row_stride, const float (&acc)[kN / 16][4],
+                                                      const bool (&row_inside)[2]) {
+#pragma unroll
+        for (int n = 0; n < kN / 16; ++n) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                if (!row_inside[half]) continue;
+                *reinterpret_cast<float2*>(out + row_of<kN>(2 * half) * row_stride + column_of<kN>(n, 0)) =
+                    make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
+            }
+        }
+    }
+
+    // Adds, per row, the sum over the thread's elements of value(row, column, element) into sums[row]: the four
+    // lanes of a row, then the two column halves in order. Ends with the block's barrier.
+    template <int kN, class F>
+    __device__ static __forceinline__ void add_row_sums(Shared& smem, float* sums, const float (&acc)[kN / 16][4], F value) {
+        float part[2] = {0.f, 0.f};
+#pragma unroll
+        for (int n = 0; n < kN / 16; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[e / 2] += value(row_of<kN>(e), column_of<kN>(n, e), acc[n][e]);
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            part[half] += __shfl_xor_sync(0xffffffffu, part[half], 1);
+            part[half] += __shfl_xor_sync(0xffffffffu, part[half], 2);
+            if (threadIdx.x % 4 == 0) smem.row_part[threadIdx.x / 128][row_of<kN>(2 * half)] = part[half];
+        }
+        __syncthreads();
+        if (threadIdx.x < kChunk) sums[threadIdx.x] += smem.row_part[0][threadIdx.x] + smem.row_part[1][threadIdx.x];
+        __syncthreads();
+    }
+
+    // d_gamma[i] += sum_j M_ij - sum_j M_ji of a 64x64 fp32 scratch matrix (the gradient of exponents G_i - G_j).
+    __device__ static __forceinline__ void add_exponent_sums(Shared& smem, const float* m) {
+        if (threadIdx.x < kChunk) {
+            const int i = threadIdx.x;
+            float sum = 0.f;
+            for (int j = 0; j < kChunk; ++j) sum += m[i * kSquareF + j] - m[j * kSquareF + i];
+            smem.d_gamma[i] += sum;
+        }
+        __syncthreads();
+    }
+
+    // Rows [0, valid) of a [64][kCols] global matrix (row stride in elements) into a padded tile by cp.async, the
+    // rest zero-filled and never read.
+    template <int kCols, int kRows = kChunk>
+    __device__ static __forceinline__ void load(T* tile, int stride_tile, const T* src, long long stride, int valid) {
+        constexpr int kPieces = kRows * kCols / 8;
+        for (int i = threadIdx.x; i < kPieces; i += kThreads) {
+            const int row = i / (kCols / 8), col = (i % (kCols / 8)) * 8;
+            const bool inside = row < valid;
+            cp_async_16_zfill(smem_addr(tile + row * stride_tile + col), src + (inside ? row * stride + col : 0), inside);
+        }
+    }
+
+    __device__ static __forceinline__ void run(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                               const float* __restrict__ g, const void* __restrict__ beta,
+                                               long long beta_is_fp32, const int* __restrict__ chunks,
+                                               const T* __restrict__ tbeta, const T* __restrict__ states,
+                                               const T* __restrict__ d_states, const T* __restrict__ d_out,
+                                               float* __restrict__ dq, float* __restrict__ dk, T* __restrict__ dv,
+                                               float* __restrict__ dg, float* __restrict__ dbeta, long long num_heads,
+                                               long long num_heads_v, float scale) {
+        extern __shared__ unsigned char smem_bytes[];
+        Shared& smem = *reinterpret_cast<Shared*>(align_up<16>(smem_bytes));
+        const int chunk = blockIdx.x, head_v = blockIdx.y;
+        const int heads_v = static_cast<int>(num_heads_v), head = head_v / (heads_v / static_cast<int>(num_heads));
+        const int token = chunks[2 * chunk], valid = kHasIncompleteTile ? chunks[2 * chunk + 1] : kChunk;
+        const long long qk_stride = num_heads * kHeadDim, v_stride = static_cast<long long>(heads_v) * kHeadDim;
+        const long long state_offset = (static_cast<long long>(chunk) * heads_v + head_v) * kHeadDim * kHeadDim;
+
+        load<kHeadDim>(smem.q, kWide, q + token * qk_stride + head * kHeadDim, qk_stride, valid);
+        load<kHeadDim>(smem.k, kWide, k + token * qk_stride + head * kHeadDim, qk_stride, valid);
+        load<kHeadDim>(smem.v, kWide, v + token * v_stride + head_v * kHeadDim, v_stride, valid);
+        load<kHeadDim>(smem.d_out, kWide, d_out + token * v_stride + head_v * kHeadDim, v_stride, valid);
+        load<kHeadDim, kStateRows>(smem.state, kWide, states + state_offset, kHeadDim, kStateRows);
+        load<kHeadDim, kStateRows>(smem.d_state, kWide, d_states + state_offset, kHeadDim, kStateRows);
+        load<kChunk>(smem.tbeta, kSquare, tbeta + (static_cast<long long>(chunk) * heads_v + head_v) * kChunk * kChunk, kChunk, kChunk);
+        cp_async_commit();
+        if (threadIdx.x < kChunk) {
+            const int i = threadIdx.x;
+            const long long at = static_cast<long long>(token + i) * heads_v + head_v;
+            const bool inside = !kHasIncompleteTile || i < valid;
+            smem.gamma[i] = inside ? g[at] : 0.f;  // cumsum below
+            smem.beta[i] = !inside ? 0.f
+                           : beta_is_fp32 ? static_cast<const float*>(beta)[at] : to_f32<T>(static_cast<const T*>(beta)[at]);
+            smem.d_gamma[i] = smem.d_beta[i] = smem.via_kd[i] = smem.via_kb[i] = 0.f;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float running = 0.f;
+            for (int i = 0; i < kChunk; ++i) running += smem.gamma[i], smem.gamma[i] = running;
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+        const float gamma_last = smem.gamma[kChunk - 1];
+        const bool row_inside[2] = {!kHasIncompleteTile || row_of<kChunk>(0) < valid, !kHasIncompleteTile || row_of<kChunk>(2) < valid};
+        // D_ij = e^{G_i - G_j} for i >= j, else 0: the exponent is never positive.
+        auto decay = [&](int i, int j) { return i >= j ? __expf(smem.gamma[i] - smem.gamma[j]) : 0.f; };
+        auto at_f = [](float* m, int i, int j) -> float& { return m[i * kSquareF + j]; };
+        const long long row_stride = v_stride;  // of dq, dk and dv: [token, v-head, K]
+        const long long out_offset = (static_cast<long long>(token) * heads_v + head_v) * kHeadDim;
+
+        // K K^T and Q K^T; L = StrictLower(K K^T * D) (fp32, and 16-bit in T's tile), P = Q K^T * D (fp32).
+        {
+            float kk[kChunk / 16][4], qk[kChunk / 16][4];
+            product<kChunk, kHeadDim, false, false>(kk, smem.k, kWide, smem.k, kWide);
+            product<kChunk, kHeadDim, false, false>(qk, smem.q, kWide, smem.k, kWide);
+            each<kChunk>(kk, [&](int i, int j, float x) {
+                const float l = i > j ? x * decay(i, j) : 0.f;
+                at_f(smem.square0, i, j) = l;
+                return l;
+            });
+            each<kChunk>(qk, [&](int i, int j, float x) { return at_f(smem.square1, i, j) = x * decay(i, j); });
+            store<kChunk>(smem.t, kSquare, kk);
+        }
+        __syncthreads();
+        // T = I - Tbeta L, into L's tile.
+        {
+            float t[kChunk / 16][4];
+            product<kChunk, kChunk, false, true>(t, smem.tbeta, kSquare, smem.t, kSquare);
+            each<kChunk>(t, [&](int i, int j, float x) { return (i == j ? 1.f : 0.f) - x; });
+            __syncthreads();  // L's 16-bit copy is read no more
+            store<kChunk>(smem.t, kSquare, t);
+        }
+        // Z = V - diag(e^G) K S (in wide0), then Vn = Tbeta Z (in wide1).
+        {
+            float z[kHeadDim / 16][4];
+            product<kHeadDim, kHeadDim, false, false>(z, smem.k, kWide, smem.state, kWide);
+            each<kHeadDim>(z, [&](int i, int c, float x) { return to_f32<T>(smem.v[i * kWide + c]) - __expf(smem.gamma[i]) * x; });
+            store<kHeadDim>(smem.wide0, kWide, z);
+        }
+        __syncthreads();
+        {
+            float vn[kHeadDim / 16][4];
+            product<kHeadDim, kChunk, false, true>(vn, smem.tbeta, kSquare, smem.wide0, kWide);
+            store<kHeadDim>(smem.wide1, kWide, vn);
+        }
+        __syncthreads();  // Z and Tbeta are read no more
+        // P (16-bit, in wide0's first 64 columns) for P^T dO.
+        for (int x = threadIdx.x; x < kChunk * kChunk; x += kThreads) {
+            const int i = x / kChunk, j = x % kChunk;
+            smem.wide0[i * kWide + j] = from_f32<T>(at_f(smem.square1, i, j));
+        }
+        __syncthreads();
+        // dVn = diag(e^{G_L - G}) K dS' + scale P^T dO (in wide0).
+        {
+            float kd[kHeadDim / 16][4], pd[kHeadDim / 16][4];
+            product<kHeadDim, kHeadDim, false, false>(kd, smem.k, kWide, smem.d_state, kWide);
+            product<kHeadDim, kChunk, true, true>(pd, smem.wide0, kWide, smem.d_out, kWide);
+            each<kHeadDim>(kd, [&](int i, int, float x) { return __expf(gamma_last - smem.gamma[i]) * x; });
+            add_into<kHeadDim>(kd, pd, scale);
+            __syncthreads();  // P's 16-bit copy is read no more
+            store<kHeadDim>(smem.wide0, kWide, kd);
+        }
+        // dqk = scale (dO Vn^T) * D (16-bit, in Tbeta's tile); dP * P = scale (dO Vn^T) * P, the exponents' share.
+        {
+            float dqk[kChunk / 16][4];
+            product<kChunk, kHeadDim, false, false>(dqk, smem.d_out, kWide, smem.wide1, kWide);
+            each<kChunk>(dqk, [&](int i, int j, float x) {
+                at_f(smem.square1, i, j) *= scale * x;
+                return scale * x * decay(i, j);
+            });
+            store<kChunk>(smem.tbeta, kSquare, dqk);
+        }
+        __syncthreads();
+        add_exponent_sums(smem, smem.square1);
+        // dq = scale diag(e^G) dO S^T + dqk K; q . (its first term) is G's.
+        {
+            float acc[kHeadDim / 16][4], more[kHeadDim / 16][4];
+            product<kHeadDim, kHeadDim, false, true>(acc, smem.d_out, kWide, smem.state, kWide);
+            each<kHeadDim>(acc, [&](int i, int, float x) { return scale * __expf(smem.gamma[i]) * x; });
+            add_row_sums<kHeadDim>(smem, smem.d_gamma, acc, [&](int i, int c, float x) { return to_f32<T>(smem.q[i * kWide + c]) * x; });
+            product<kHeadDim, kChunk, false, true>(more, smem.tbeta, kSquare, smem.k, kWide);
+            add_into<kHeadDim>(acc, more, 1.f);
+            write_rows<kHeadDim>(dq + out_offset, row_stride, acc, row_inside);
+        }
+        // dk = diag(e^{G_L - G}) Vn dS'^T + dqk^T Q + (dkk + dkk^T) K + diag(beta e^G) T^T dw, in registers.
+        float dk_acc[kHeadDim / 16][4];
+        {
+            product<kHeadDim, kHeadDim, false, true>(dk_acc, smem.wide1, kWide, smem.d_state, kWide);
+            each<kHeadDim>(dk_acc, [&](int i, int, float x) { return __expf(gamma_last - smem.gamma[i]) * x; });
+            // Kd . dKd, row by row: the exponents of Kd = diag(e^{G_L - G}) K.
+            add_row_sums<kHeadDim>(smem, smem.via_kd, dk_acc, [&](int i, int c, float x) { return to_f32<T>(smem.k[i * kWide + c]) * x; });
+            float more[kHeadDim / 16][4];
+            product<kHeadDim, kChunk, true, true>(more, smem.tbeta, kSquare, smem.q, kWide);
+            add_into<kHeadDim>(dk_acc, more, 1.f);
+        }
+        // G_L's own share: sum_i (Kd . dKd)_i + e^{G_L} sum(dS' * S).
+        {
+            float own = 0.f;
+            for (int x = threadIdx.x; x < kStateRows * kHeadDim; x += kThreads) {
+                const int r = x / kHeadDim, c = x % kHeadDim;
+                own += to_f32<T>(smem.state[r * kWide + c]) * to_f32<T>(smem.d_state[r * kWide + c]);
+            }
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2) own += __shfl_xor_sync(0xffffffffu, own, offset);
+            if (threadIdx.x % 32 == 0) smem.block_part[threadIdx.x / 32] = own;
+            __syncthreads();  // also: dqk and Vn are read no more
+            if (threadIdx.x == 0) {
+                float states = 0.f, via = 0.f;
+                for (int w = 0; w < kWarps; ++w) states += smem.block_part[w];
+                for (int i = 0; i < kChunk; ++i) via += smem.via_kd[i];
+                smem.d_gamma[kChunk - 1] += via + __expf(gamma_last) * states;
+            }
+            __syncthreads();
+            if (threadIdx.x < kChunk) smem.d_gamma[threadIdx.x] -= smem.via_kd[threadIdx.x];
+        }
+        // dw = -dVn S^T (16-bit, in wide1); dt = dw Kb^T + dVn Vb^T (16-bit, in Tbeta's tile).
+        {
+            float dw[kHeadDim / 16][4];
+            product<kHeadDim, kHeadDim, false, true>(dw, smem.wide0, kWide, smem.state, kWide);
+            each<kHeadDim>(dw, [&](int, int, float x) { return -x; });
+            store<kHeadDim>(smem.wide1, kWide, dw);
+        }
+        __syncthreads();
+        {
+            float via_k[kChunk / 16][4], via_v[kChunk / 16][4];
+            product<kChunk, kHeadDim, false, false>(via_k, smem.wide1, kWide, smem.k, kWide);
+            product<kChunk, kHeadDim, false, false>(via_v, smem.wide0, kWide, smem.v, kWide);
+            each<kChunk>(via_k, [&](int, int j, float x) { return __expf(smem.gamma[j]) * x; });
+            add_into<kChunk>(via_k, via_v, 1.f);
+            each<kChunk>(via_k, [&](int, int j, float x) { return smem.beta[j] * x; });
+            store<kChunk>(smem.tbeta, kSquare, via_k);
+        }
+        __syncthreads();
+        // X = T^T dt (16-bit, in Q's tile: Q is read no more); dA = -StrictLower(X T^T).
+        {
+            float x_acc[kChunk / 16][4];
+            product<kChunk, kChunk, true, true>(x_acc, smem.t, kSquare, smem.tbeta, kSquare);
+            store<kChunk>(smem.q, kWide, x_acc);
+        }
+        __syncthreads();
+        {
+            float da[kChunk / 16][4];
+            product<kChunk, kChunk, false, false>(da, smem.q, kWide, smem.t, kSquare);
+            each<kChunk>(da, [&](int i, int j, float x) { return i > j ? -x : 0.f; });
+            // beta's share sum_j dA_ij L_ij; the exponents' dA * A (A = diag(beta) L); dkk = dA * beta_i * D.
+            add_row_sums<kChunk>(smem, smem.d_beta, da, [&](int i, int j, float x) { return x * at_f(smem.square0, i, j); });
+            each<kChunk>(da, [&](int i, int j, float x) {
+                at_f(smem.square1, i, j) = x * smem.beta[i] * at_f(smem.square0, i, j);
+                at_f(smem.square0, i, j) = x * smem.beta[i] * decay(i, j);
+                return x;
+            });
+        }
+        __syncthreads();
+        add_exponent_sums(smem, smem.square1);
+        // dkk + dkk^T (16-bit, in dt's tile), then dk += (dkk + dkk^T) K.
+        for (int x = threadIdx.x; x < kChunk * kChunk; x += kThreads) {
+            const int i = x / kChunk, j = x % kChunk;
+            smem.tbeta[i * kSquare + j] = from_f32<T>(at_f(smem.square0, i, j) + at_f(smem.square0, j, i));
+        }
+        __syncthreads();
+        {
+            float more[kHeadDim / 16][4];
+            product<kHeadDim, kChunk, false, true>(more, smem.tbeta, kSquare, smem.k, kWide);
+            add_into<kHeadDim>(dk_acc, more, 1.f);
+        }
+        // dKb = T^T dw: dk += diag(beta e^G) dKb; e^G k . dKb is beta's share and, times beta, G's.
+        {
+            float d_kb[kHeadDim / 16][4];
+            product<kHeadDim, kChunk, true, true>(d_kb, smem.t, kSquare, smem.wide1, kWide);
+            add_row_sums<kHeadDim>(smem, smem.via_kb, d_kb, [&](int i, int c, float x) {
+                return __expf(smem.gamma[i]) * to_f32<T>(smem.k[i * kWide + c]) * x;
+            });
+            each<kHeadDim>(d_kb, [&](int i, int, float x) { return smem.beta[i] * __expf(smem.gamma[i]) * x; });
+            add_into<kHeadDim>(dk_acc, d_kb, 1.f);
+            write_rows<kHeadDim>(dk + out_offset, row_stride, dk_acc, row_inside);
+        }
+        // dVb = T^T dVn: dv = diag(beta) dVb; v . dVb is beta's share.
+        {
+            float d_vb[kHeadDim / 16][4];
+            product<kHeadDim, kChunk, true, true>(d_vb, smem.t, kSquare, smem.wide0, kWide);
+            add_row_sums<kHeadDim>(smem, smem.d_beta, d_vb, [&](int i, int c, float x) { return to_f32<T>(smem.v[i * kWide + c]) * x; });
+            T* const out = dv + out_offset;
+#pragma unroll
+            for (int n = 0; n < kHeadDim / 16; ++n) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int i = row_of<kHeadDim>(2 * half);
+                    if (!row_inside[half]) continue;
+                    *reinterpret_cast<unsigned*>(out + i * row_stride + column_of<kHeadDim>(n, 0)) =
+                        pack2<T>(smem.beta[i] * d_vb[n][2 * half], smem.beta[i] * d_vb[n][2 * half + 1]);
+                }
+            }
+        }
+        // dg: the in-chunk reverse cumsum of dG; dbeta.
+        if (threadIdx.x == 0) {
+            float running = 0.f;
+            for (int i = kChunk - 1; i >= 0; --i) {
+                running += smem.d_gamma[i] + smem.beta[i] * smem.via_kb[i];
+                smem.d_gamma[i] = running;
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x < kChunk && (!kHasIncompleteTile || static_cast<int>(threadIdx.x) < valid)) {
+            const int i = threadIdx.x;
+            const long long at = static_cast<long long>(token + i) * heads_v + head_v;
+            dg[at] = smem.d_gamma[i];
+            dbeta[at] = smem.d_beta[i] + smem.via_kb[i];
+        }
+    }
+};
+
+}  // namespace gdn
+}  // namespace kgen
