@@ -3,14 +3,15 @@ through each library's autograd, with the step's peak memory, in one run.
 
 Issue 24's shapes (sequences x length, H/HV), K = V = 128, bf16 q/k/v, fp32 g (logsigmoid(randn), strong decay)
 and beta, k L2-normalised, no initial state. A step is the forward, then ``torch.autograd.grad`` of
-sum(o * do) for q, k, v, g and beta (and, beside it, kgen's forward then ``chunk_gated_delta_rule_bwd`` with
-``per_chunk="kernel"``, whose gradients are compared with the autograd step's); eager (autograd steps cannot be graph-replayed), timed with CUDA events,
-median of 10 after a warm-up. Peak memory: the most allocated during a step beyond what was allocated before
-it (inputs and do). kgen runs with a plan made once on the host; the peers (benchmarks only, never
-dependencies) run in child processes, one per library, on the same inputs: FlashQLA 0.1.3's
-``chunk_gated_delta_rule`` (its autograd function; it compiles its kernels for each new shape on a fresh
-machine) and fla-core 0.6.0's (FLA_FLASH_QLA=0). Each library's gradients are compared with kgen's (rel RMS
-of the five, the largest). Bar (issue 24, to resolve): kgen's forward + backward <= FlashQLA's at every shape.
+sum(o * do) for q, k, v, g and beta; beside it, kgen's forward then ``chunk_gated_delta_rule_bwd`` with
+``per_chunk="kernel"``, whose gradients are compared with the autograd step's. Eager (autograd steps cannot be
+graph-replayed), timed by bench/common.time_cuda (median, L2 flushed between repeats, at least 10). Peak memory:
+the most allocated during a step beyond what was allocated before it (inputs and do). kgen runs with a plan
+made once on the host; the peers (benchmarks only, never dependencies) run in child processes, one per library,
+on the same inputs: FlashQLA 0.1.3's ``chunk_gated_delta_rule`` (its autograd function; it compiles its kernels
+for each new shape on a fresh machine) and fla-core 0.6.0's (FLA_FLASH_QLA=0). Each library's gradients are
+compared with kgen's (rel RMS of the five, the largest). Bar (issue 24, to resolve): kgen's forward + backward
+<= FlashQLA's at every shape.
 
     PYTHONPATH=. python3 bench/bench_gdn_backward.py [--out DIR]
 """
@@ -18,15 +19,13 @@ of the five, the largest). Bar (issue 24, to resolve): kgen's forward + backward
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-import statistics
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from common import environment, fla_gated_delta_rule, peer_function, run_standalone, summary_row, verdict, write_results
+from common import (environment, fla_gated_delta_rule, peer_function, rows_in_child, run_standalone, summary_row,
+                    time_cuda, verdict, write_results)
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, plan_chunk_gated_delta_rule
 
 NAME = "bench_gdn_backward"
@@ -58,18 +57,8 @@ def inputs(shape) -> tuple[torch.Tensor, ...]:
     return q, k.to(torch.bfloat16), v, g, beta, do, cu
 
 
-def _median_ms(fn: Callable[[], Any], repeats: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def _step_ms(fn: Callable[[], Any]) -> float:
+    return time_cuda(fn, warmup_ms=100, rep_ms=500)
 
 
 def measured(library: str, forward: Callable[..., torch.Tensor], tensors) -> tuple[dict[str, Any], list[torch.Tensor]]:
@@ -82,7 +71,7 @@ def measured(library: str, forward: Callable[..., torch.Tensor], tensors) -> tup
         return torch.autograd.grad(o, leaves, grad_outputs=do)
 
     with torch.no_grad():
-        fwd_ms = _median_ms(lambda: forward(*leaves))
+        fwd_ms = _step_ms(lambda: forward(*leaves))
     grads = step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -90,7 +79,7 @@ def measured(library: str, forward: Callable[..., torch.Tensor], tensors) -> tup
     step()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - before) / 2**30
-    return {f"{library}_fwd_ms": fwd_ms, f"{library}_step_ms": _median_ms(step), f"{library}_peak_gib": peak}, grads
+    return {f"{library}_fwd_ms": fwd_ms, f"{library}_step_ms": _step_ms(step), f"{library}_peak_gib": peak}, grads
 
 
 def kgen_row(shape) -> tuple[dict[str, Any], list[torch.Tensor]]:
@@ -107,7 +96,7 @@ def kgen_row(shape) -> tuple[dict[str, Any], list[torch.Tensor]]:
         chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_device, plan=plan)
         return chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, cu_seqlens=cu_device, plan=plan, per_chunk="kernel")
     with torch.no_grad():
-        row["kgen_kernel_step_ms"] = _median_ms(kernel_step)
+        row["kgen_kernel_step_ms"] = _step_ms(kernel_step)
         row["kgen_kernel_grad_rms"] = _largest_rel_rms(list(kernel_step()[:5]), grads)
     return row, grads
 
@@ -150,11 +139,7 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
         kgen_grads.append([x.cpu() for x in grads])
         torch.cuda.empty_cache()
     for library in PEERS:
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            try:
-                found = pool.submit(peer_rows, library, kgen_grads).result()
-            except Exception as exc:  # the child died
-                found = [{f"{library}_status": f"failed: {type(exc).__name__}: {exc}"[:200]}] * len(SHAPES)
+        found = rows_in_child(library, peer_rows, kgen_grads, count=len(SHAPES))
         for row, peer in zip(rows, found):
             row.update(peer)
             if f"{library}_step_ms" in peer:

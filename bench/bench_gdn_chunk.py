@@ -18,16 +18,14 @@ they hold whole. Bar (issue 23, to resolve): kgen/FlashQLA <= 1.0 at every shape
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import torch
 
-from common import (environment, fla_gated_delta_rule, peer_function, run_standalone, summary_row, time_graph,
-                    verdict, write_results)
+from common import (environment, fla_gated_delta_rule, peer_function, rows_in_child, run_standalone, summary_row,
+                    time_graph, verdict, write_results)
 from kgen.ops import chunk_gated_delta_rule, plan_chunk_gated_delta_rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -151,11 +149,7 @@ def with_peers(rows: list[dict[str, Any]], cases: list[Case]) -> None:
     """Add each peer's time, error and kgen's ratio to each row (each peer in its own child, after kgen's runs)."""
     torch.cuda.empty_cache()
     for library in PEERS:
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            try:
-                found = pool.submit(peer_rows, library, cases).result()
-            except Exception as exc:  # the child died
-                found = [{f"{library}_status": f"failed: {type(exc).__name__}: {exc}"[:200]}] * len(cases)
+        found = rows_in_child(library, peer_rows, cases, count=len(cases))
         for row, peer in zip(rows, found):
             row.update(peer)
             if f"{library}_us" in peer:

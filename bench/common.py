@@ -11,12 +11,14 @@ import argparse
 import datetime
 import importlib
 import json
+import multiprocessing
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import traceback
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -271,6 +273,16 @@ def peer_function(module: str, name: str) -> tuple[Callable | None, str]:
     except Exception as exc:  # not installed, or it fails to import on this machine
         return None, f"unavailable: {type(exc).__name__}: {exc}"[:200]
     return getattr(found, name), "ok"
+
+
+def rows_in_child(library: str, rows_of: Callable[..., list[dict[str, Any]]], *args: Any, count: int) -> list[dict[str, Any]]:
+    """``rows_of(library, *args)`` in a spawned child process (a peer's fault there must not end this run), or
+    ``count`` rows that say how the child died."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(rows_of, library, *args).result()
+        except Exception as exc:  # the child died
+            return [{f"{library}_status": f"failed: {type(exc).__name__}: {exc}"[:200]}] * count
 
 
 def fla_gated_delta_rule(name: str) -> tuple[Callable | None, str]:

@@ -261,16 +261,8 @@ struct Recurrence {
             const int token = first_token + c * kChunk, valid = end_token - token;
             const float gate[2] = {gate_next[0], gate_next[1]};
             if (kStates) {  // S^T before this chunk, 16-bit, as the backward reads it
-                T* const states = out + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim;
-#pragma unroll
-                for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        const long long value = value0 + row + 8 * half;
-                        *reinterpret_cast<unsigned*>(states + value * kHeadDim + 8 * n + fragment_column) =
-                            kgen::pack2<T>(s[n][2 * half], s[n][2 * half + 1]);
-                    }
-                }
+                store_rows<T, kHeadDim>(out + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim,
+                                        s, value0 + row, fragment_column);
             }
             wait_chunk(c);
             // S^T's copy (and cp.async tiles) are read by wgmma; the other K buffer is rewritten by TMA.
@@ -374,12 +366,7 @@ struct Recurrence {
                 for (int e = 0; e < 4; ++e) vn[n][e] *= __expf(gamma_last - gamma_row[e / 2]) * k_scale[e / 2];
             }
             store_accumulators<kSliceV, T>(smem.vn_decayed, vn, 16 * warp, lane);
-            const float decay_last = __expf(gamma_last);
-#pragma unroll
-            for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[n][e] *= decay_last;
-            }
+            scale_accumulators(s, __expf(gamma_last));
             kgen::fence_proxy_async_shared();
             __syncthreads();  // Vn and its decayed copy are whole
 

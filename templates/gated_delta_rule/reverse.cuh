@@ -107,18 +107,9 @@ struct Reverse {
             } else {
                 kgen::cp_async_wait<0>();
             }
-            {  // dS'^T of this chunk, 16-bit, for the per-chunk gradients
-                T* const dest = d_states + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim;
-#pragma unroll
-                for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        const long long value = value0 + row + 8 * half;
-                        *reinterpret_cast<unsigned*>(dest + value * kHeadDim + 8 * n + fragment_column) =
-                            kgen::pack2<T>(ds[n][2 * half], ds[n][2 * half + 1]);
-                    }
-                }
-            }
+            // dS'^T of this chunk, 16-bit, for the per-chunk gradients.
+            store_rows<T, kHeadDim>(d_states + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim,
+                                    ds, value0 + row, fragment_column);
             float gate[2];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
@@ -204,12 +195,7 @@ struct Reverse {
                 for (int e = 0; e < 4; ++e) y[n][e] *= -__expf(gamma_row[e / 2]);
             }
             store_accumulators<kSliceV, T>(smem.y_gated, y, 16 * warp, lane);
-            const float decay_last = __expf(gamma_last);
-#pragma unroll
-            for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) ds[n][e] *= decay_last;
-            }
+            scale_accumulators(ds, __expf(gamma_last));
             kgen::fence_proxy_async_shared();
             __syncthreads();  // the gated Y is whole
 

@@ -65,6 +65,30 @@ __device__ __forceinline__ void store_accumulators(E* tile, const float (&c)[kTi
     }
 }
 
+// Accumulators of rows row0 and row0 + 8 x columns 8 n + column (+ 1), n < kTiles, into a row-major global
+// matrix of kStride columns, as E (the backward's 16-bit copies of S^T and dS'^T).
+template <class E, int kStride, int kTiles>
+__device__ __forceinline__ void store_rows(E* dest, const float (&c)[kTiles][4], int row0, int column) {
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            *reinterpret_cast<unsigned*>(dest + static_cast<long long>(row0 + 8 * half) * kStride + 8 * n + column) =
+                pack2<E>(c[n][2 * half], c[n][2 * half + 1]);
+        }
+    }
+}
+
+// Every accumulator times `factor`.
+template <int kTiles>
+__device__ __forceinline__ void scale_accumulators(float (&c)[kTiles][4], float factor) {
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[n][e] *= factor;
+    }
+}
+
 // Rows [0, kChunk) x columns [0, kCols) of a global matrix (row stride `stride` elements) into a tile
 // by cp.async, the block's kThreads threads sharing the 16-byte chunks. With kIncompleteTile, rows
 // from `valid` on are zero-filled and never read: a chunk never reads the next sequence's rows.
