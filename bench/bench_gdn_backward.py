@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from common import (environment, fla_gated_delta_rule, peer_function, rows_in_child, run_standalone, summary_row,
+from common import (environment, fla_gated_delta_rule, peer_function, add_peer_rows, run_standalone, summary_row,
                     time_cuda, verdict, write_results)
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, plan_chunk_gated_delta_rule
 
@@ -139,11 +139,7 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
         kgen_grads.append([x.cpu() for x in grads])
         torch.cuda.empty_cache()
     for library in PEERS:
-        found = rows_in_child(library, peer_rows, kgen_grads, count=len(SHAPES))
-        for row, peer in zip(rows, found):
-            row.update(peer)
-            if f"{library}_step_ms" in peer:
-                row[f"kgen_over_{library}"] = row["kgen_step_ms"] / peer[f"{library}_step_ms"]
+        add_peer_rows(rows, library, peer_rows, kgen_grads, time_key="step_ms")
     for row in rows:
         print(row, flush=True)
     write_results(out_dir, NAME, "Gated delta rule training step (forward + backward)", rows, COLUMNS, environment(),

@@ -24,7 +24,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from common import (environment, fla_gated_delta_rule, peer_function, rows_in_child, run_standalone, summary_row,
+from common import (environment, fla_gated_delta_rule, peer_function, add_peer_rows, run_standalone, summary_row,
                     time_graph, verdict, write_results)
 from kgen.ops import chunk_gated_delta_rule, plan_chunk_gated_delta_rule
 
@@ -149,11 +149,7 @@ def with_peers(rows: list[dict[str, Any]], cases: list[Case]) -> None:
     """Add each peer's time, error and kgen's ratio to each row (each peer in its own child, after kgen's runs)."""
     torch.cuda.empty_cache()
     for library in PEERS:
-        found = rows_in_child(library, peer_rows, cases, count=len(cases))
-        for row, peer in zip(rows, found):
-            row.update(peer)
-            if f"{library}_us" in peer:
-                row[f"kgen_over_{library}"] = row["kgen_us"] / peer[f"{library}_us"]
+        add_peer_rows(rows, library, peer_rows, cases, time_key="us")
     for row in rows:
         print(row, flush=True)
 

@@ -275,14 +275,20 @@ def peer_function(module: str, name: str) -> tuple[Callable | None, str]:
     return getattr(found, name), "ok"
 
 
-def rows_in_child(library: str, rows_of: Callable[..., list[dict[str, Any]]], *args: Any, count: int) -> list[dict[str, Any]]:
-    """``rows_of(library, *args)`` in a spawned child process (a peer's fault there must not end this run), or
-    ``count`` rows that say how the child died."""
+def add_peer_rows(rows: list[dict[str, Any]], library: str, rows_of: Callable[..., list[dict[str, Any]]], *args: Any,
+                  time_key: str) -> None:
+    """Each of ``rows`` updated with the peer's row from ``rows_of(library, *args)``, run in a spawned child process
+    (a peer's fault there must not end this run; then the rows say how the child died), and kgen's time over the
+    peer's as ``kgen_over_<library>`` where the peer has ``<library>_<time_key>``."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         try:
-            return pool.submit(rows_of, library, *args).result()
+            found = pool.submit(rows_of, library, *args).result()
         except Exception as exc:  # the child died
-            return [{f"{library}_status": f"failed: {type(exc).__name__}: {exc}"[:200]}] * count
+            found = [{f"{library}_status": f"failed: {type(exc).__name__}: {exc}"[:200]}] * len(rows)
+    for row, peer in zip(rows, found):
+        row.update(peer)
+        if f"{library}_{time_key}" in peer:
+            row[f"kgen_over_{library}"] = row[f"kgen_{time_key}"] / peer[f"{library}_{time_key}"]
 
 
 def fla_gated_delta_rule(name: str) -> tuple[Callable | None, str]:

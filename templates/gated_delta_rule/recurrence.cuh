@@ -326,9 +326,8 @@ struct Recurrence {
             if (kOutput) {
 #pragma unroll
                 for (int n = 0; n < kChunk / 8; ++n) {
-                    // Gamma of columns 8 n + fragment_column (+ 1): lane 4 n + lane % 4 holds that pair.
-                    const float gamma_column[2] = {__shfl_sync(0xffffffffu, gamma.x, 4 * n + lane % 4),
-                                                   __shfl_sync(0xffffffffu, gamma.y, 4 * n + lane % 4)};
+                    const float2 columns = gamma_of_columns(gamma, n, lane);
+                    const float gamma_column[2] = {columns.x, columns.y};
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int i = row + (e / 2) * 8, j = 8 * n + fragment_column + e % 2;

@@ -137,6 +137,11 @@ __device__ __forceinline__ float2 gate_cumsum(float g0, float g1, int lane) {
     return make_float2(pair - g1, pair);
 }
 
+// Gamma of accumulator columns 8 n + 2 (lane % 4) and the next: lane 4 n + lane % 4 holds that pair.
+__device__ __forceinline__ float2 gamma_of_columns(float2 gamma, int n, int lane) {
+    return make_float2(__shfl_sync(0xffffffffu, gamma.x, 4 * n + lane % 4), __shfl_sync(0xffffffffu, gamma.y, 4 * n + lane % 4));
+}
+
 // Gamma of token i (0..63) from the lanes' cumsums.
 __device__ __forceinline__ float gamma_of(float2 gamma, int i) {
     const float2 pair = make_float2(__shfl_sync(0xffffffffu, gamma.x, i / 2), __shfl_sync(0xffffffffu, gamma.y, i / 2));
