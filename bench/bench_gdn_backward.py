@@ -19,6 +19,7 @@ compared with kgen's (rel RMS of the five, the largest). Bar (issue 24, to resol
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,10 +29,18 @@ from common import (environment, fla_gated_delta_rule, peer_function, add_peer_r
                     time_cuda, verdict, write_results)
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, plan_chunk_gated_delta_rule
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from gdn_backward_reference import chunked_backward  # noqa: E402
+
 NAME = "bench_gdn_backward"
 HEAD_DIM = 128
-#: (sequences, length, H, HV): issue 24's table.
-SHAPES = [(1, 32768, 16, 32), (4096, 32, 12, 12)]
+#: (sequences, length, H, HV): issue 24's table, and a small case (partial last chunks) where every library's
+#: gradients are also compared with float64 (tests/gdn_backward_reference.chunked_backward, pinned on the CPU to
+#: autograd through the per-token recurrence).
+SHAPES = [(1, 32768, 16, 32), (4096, 32, 12, 12), (2, 1000, 2, 4)]
+F64_MAX_TOKENS = 4096
+#: Issue 24's accuracy bars: each gradient's rel RMS against float64, and at most this times each peer's.
+F64_BAR, F64_PEER_FACTOR = 1e-2, 1.5
 PEERS = ("flashqla", "fla")
 COLUMNS = [("shape", "shape", None)] + [
     (f"{lib}_{what}", f"{label} {unit}", fmt) for lib, label in (("kgen", "kgen"), ("flashqla", "FlashQLA"), ("fla", "fla"))
@@ -40,6 +49,8 @@ COLUMNS = [("shape", "shape", None)] + [
      ("kgen_kernel_grad_rms", "per-chunk kernel vs torch grads rel RMS", ".1e"),
      ("kgen_over_flashqla", "kgen/FlashQLA fwd+bwd", ".2f"), ("kgen_over_fla", "kgen/fla fwd+bwd", ".2f"),
      ("flashqla_grad_rms", "FlashQLA vs kgen grads rel RMS", ".1e"), ("fla_grad_rms", "fla vs kgen grads rel RMS", ".1e"),
+     ("kgen_f64_rms", "kgen vs float64", ".1e"), ("flashqla_f64_rms", "FlashQLA vs float64", ".1e"),
+     ("fla_f64_rms", "fla vs float64", ".1e"),
      ("flashqla_status", "FlashQLA", None), ("fla_status", "fla", None)]
 
 
@@ -106,7 +117,23 @@ def _largest_rel_rms(got: list[torch.Tensor], want: list[torch.Tensor]) -> float
                for a, b in zip(got, want))
 
 
-def peer_rows(library: str, kgen_grads: list[list[torch.Tensor]]) -> list[dict[str, Any]]:
+def reference_grads(shape) -> list[torch.Tensor] | None:
+    """float64 gradients of the shape's step (q, k, v, g, beta), on the GPU, where it is small enough."""
+    if shape[0] * shape[1] > F64_MAX_TOKENS:
+        return None
+    q, k, v, g, beta, do, cu = inputs(shape)
+    return [x.cpu() for x in chunked_backward(q, k, v, g, beta, do, cu_seqlens=cu.tolist())[:5]]
+
+
+def with_f64_error(library: str, row: dict[str, Any], grads, reference) -> dict[str, Any]:
+    """``row`` with the library's largest rel RMS against float64 over the five gradients, where there is one."""
+    if reference is not None:
+        row[f"{library}_f64_rms"] = _largest_rel_rms(grads, [r.cuda() for r in reference])
+    return row
+
+
+def peer_rows(library: str, comparisons: list[tuple[list[torch.Tensor], list[torch.Tensor] | None]]
+              ) -> list[dict[str, Any]]:
     """A peer's rows (in a child process: a fault there must not end this run)."""
     if library == "fla":
         fn, status = fla_gated_delta_rule("chunk_gated_delta_rule")
@@ -115,7 +142,7 @@ def peer_rows(library: str, kgen_grads: list[list[torch.Tensor]]) -> list[dict[s
     if fn is None:
         return [{f"{library}_status": status}] * len(SHAPES)
     rows = []
-    for shape, want in zip(SHAPES, kgen_grads):
+    for shape, (want, reference) in zip(SHAPES, comparisons):
         tensors = inputs(shape)
         cu_long = tensors[-1].to("cuda", torch.long)
 
@@ -123,8 +150,8 @@ def peer_rows(library: str, kgen_grads: list[list[torch.Tensor]]) -> list[dict[s
             return fn(q, k, v, g, beta, cu_seqlens=cu_long)[0]
         try:
             row, grads = measured(library, forward, tensors)
-            rows.append({f"{library}_status": "ok", **row,
-                         f"{library}_grad_rms": _largest_rel_rms(grads, [w.cuda() for w in want])})
+            row[f"{library}_grad_rms"] = _largest_rel_rms(grads, [w.cuda() for w in want])
+            rows.append({f"{library}_status": "ok", **with_f64_error(library, row, grads, reference)})
         except Exception as exc:
             rows.append({f"{library}_status": f"failed: {type(exc).__name__}: {exc}"[:200]})
         torch.cuda.empty_cache()
@@ -132,14 +159,15 @@ def peer_rows(library: str, kgen_grads: list[list[torch.Tensor]]) -> list[dict[s
 
 
 def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
-    rows, kgen_grads = [], []
+    rows, comparisons = [], []
     for shape in SHAPES:
         row, grads = kgen_row(shape)
-        rows.append({"shape": f"{shape[0]}x{shape[1]} {shape[2]}/{shape[3]}", **row})
-        kgen_grads.append([x.cpu() for x in grads])
+        reference = reference_grads(shape)
+        rows.append({"shape": f"{shape[0]}x{shape[1]} {shape[2]}/{shape[3]}", **with_f64_error("kgen", row, grads, reference)})
+        comparisons.append(([x.cpu() for x in grads], reference))
         torch.cuda.empty_cache()
     for library in PEERS:
-        add_peer_rows(rows, library, peer_rows, kgen_grads, time_key="step_ms")
+        add_peer_rows(rows, library, peer_rows, comparisons, time_key="step_ms")
     for row in rows:
         print(row, flush=True)
     write_results(out_dir, NAME, "Gated delta rule training step (forward + backward)", rows, COLUMNS, environment(),
@@ -151,6 +179,14 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
         label += f" vs {row['flashqla_step_ms']:.2f} ms)" if ratio is not None else f"; FlashQLA: {row['flashqla_status']})"
         summary.append(summary_row("gdn backward", label, ratio, "x", "<= 1.0",
                                    verdict(ratio, 1.0, False) if ratio is not None else ""))
+        if "kgen_f64_rms" in row:
+            error = row["kgen_f64_rms"]
+            peers = [row[f"{p}_f64_rms"] for p in PEERS if f"{p}_f64_rms" in row]
+            within = error <= F64_BAR and all(error <= F64_PEER_FACTOR * e for e in peers)
+            summary.append(summary_row("gdn backward", f"{row['shape']}: kgen gradients vs float64 (largest of five; "
+                                       f"peers {', '.join(f'{e:.1e}' for e in peers) or 'none'})", error, "rel RMS",
+                                       f"<= {F64_BAR} and <= {F64_PEER_FACTOR}x each peer's",
+                                       "ok" if within else "WRONG"))
     return summary
 
 

@@ -80,6 +80,19 @@ def test_gradients_match_autograd_through_the_recurrence(lengths, heads, group, 
     assert_close_to_reference(got, reference_grads(inputs, initial, d_out, d_final, cu_host, **options))
 
 
+@pytest.mark.parametrize("per_chunk", PER_CHUNK)
+def test_every_residue_of_the_chunk(per_chunk):
+    # Sequences of 65 to 128 tokens: the last chunk of each holds 1 to 64 of them.
+    lengths = list(range(65, 129))
+    inputs, initial, d_out, d_final = make_case(lengths, 1, 2, 64, torch.bfloat16, True, True, True, True, "kv", 17)
+    cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=2, head_dim=64)
+    got = chunk_gated_delta_rule_bwd(*inputs, d_out, initial_state=initial, d_final_state=d_final, cu_seqlens=cu,
+                                     use_qk_l2norm_in_kernel=True, plan=plan, per_chunk=per_chunk)
+    assert_close_to_reference(got, reference_grads(inputs, initial, d_out, d_final, cu_host, use_qk_l2norm=True))
+
+
 def _loss(q, k, v, g, beta, initial, d_out, d_final, cu, plan, layout):
     o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, cu_seqlens=cu,
                                       use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan)
