@@ -117,6 +117,17 @@ class NoBackwardError(RuntimeError, ValueError):
     are, and a ValueError as kgen's refusals of an argument are."""
 
 
+def needs_grad(*tensors) -> bool:
+    """Whether autograd would record a call on these (grad enabled, and one of them a tensor that requires grad);
+    anything not a tensor is left to the argument checks. A plain loop, as in refuse_grad."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            return True
+    return False
+
+
 def refuse_grad(op: str, names: tuple[str, ...], *tensors) -> None:
     """No kgen op has a backward: tensors that require grad, in a grad-enabled context, are refused (by their
     argument's name in ``names``), not detached; anything not a tensor is left to the argument checks. Positional,

@@ -12,7 +12,7 @@ import torch
 
 from kgen.families.gated_delta_rule import backward, chunk, library, step
 from kgen.families.gated_delta_rule.planner import ChunkGatedDeltaRulePlan, plan_chunk_gated_delta_rule
-from kgen.runtime.checks import refuse_grad
+from kgen.runtime.checks import needs_grad, refuse_grad
 
 __all__ = ["ChunkGatedDeltaRulePlan", "chunk_gated_delta_rule", "chunk_gated_delta_rule_bwd", "gated_delta_rule_step",
            "plan_chunk_gated_delta_rule"]
@@ -23,12 +23,11 @@ chunk_gated_delta_rule_bwd = backward.chunk_gated_delta_rule_bwd
 
 def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                            cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_layout="kv", plan=None, out=None):
-    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                                 for t in (q, k, v, g, beta, initial_state))
-    if needs_grad and out is not None:
+    differentiable = needs_grad(q, k, v, g, beta, initial_state)
+    if differentiable and out is not None:
         raise ValueError("out: a result that requires grad cannot be written into a preallocated tensor; "
                          "leave out=None")
-    if needs_grad and not torch.compiler.is_compiling():
+    if differentiable and not torch.compiler.is_compiling():
         # Differentiable: through the registered op, whose autograd is the chunked backward (.backward), after
         # the eager op's checks, with the plan's tables on the device.
         plan, _ = chunk.checked_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
@@ -36,7 +35,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
                                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout,
                                        plan=plan)
         plan.tables.on(q.device)
-    if needs_grad or torch.compiler.is_compiling():
+    if differentiable or torch.compiler.is_compiling():
         return library.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                               output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout,
