@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from common import (environment, fla_gated_delta_rule, peer_function, add_peer_rows, run_standalone, summary_row,
+from common import (add_peer_rows, environment, gdn_peer, run_standalone, summary_row,
                     time_cuda, verdict, write_results)
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, plan_chunk_gated_delta_rule
 
@@ -135,10 +135,7 @@ def with_f64_error(library: str, row: dict[str, Any], grads, reference) -> dict[
 def peer_rows(library: str, comparisons: list[tuple[list[torch.Tensor], list[torch.Tensor] | None]]
               ) -> list[dict[str, Any]]:
     """A peer's rows (in a child process: a fault there must not end this run)."""
-    if library == "fla":
-        fn, status = fla_gated_delta_rule("chunk_gated_delta_rule")
-    else:
-        fn, status = peer_function("flash_qla", "chunk_gated_delta_rule")
+    fn, status = gdn_peer(library, "chunk_gated_delta_rule")
     if fn is None:
         return [{f"{library}_status": status}] * len(SHAPES)
     rows = []

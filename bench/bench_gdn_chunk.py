@@ -24,7 +24,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from common import (environment, fla_gated_delta_rule, peer_function, add_peer_rows, run_standalone, summary_row,
+from common import (add_peer_rows, environment, gdn_peer, run_standalone, summary_row,
                     time_graph, verdict, write_results)
 from kgen.ops import chunk_gated_delta_rule, plan_chunk_gated_delta_rule
 
@@ -118,10 +118,7 @@ def time_kgen(case: Case) -> dict[str, Any]:
 
 def peer_rows(library: str, cases: list[Case]) -> list[dict[str, Any]]:
     """A peer's rows (in a child process: a fault there must not end this run)."""
-    if library == "fla":
-        fn, status = fla_gated_delta_rule("chunk_gated_delta_rule")
-    else:
-        fn, status = peer_function("flash_qla", "chunk_gated_delta_rule_fwd")
+    fn, status = gdn_peer(library, "chunk_gated_delta_rule_fwd")
     if fn is None:
         return [{f"{library}_status": status}] * len(cases)
     rows = []

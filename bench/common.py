@@ -291,6 +291,13 @@ def add_peer_rows(rows: list[dict[str, Any]], library: str, rows_of: Callable[..
             row[f"kgen_over_{library}"] = row[f"kgen_{time_key}"] / peer[f"{library}_{time_key}"]
 
 
+def gdn_peer(library: str, flashqla_name: str) -> tuple[Callable | None, str]:
+    """A GDN benchmark's peer function: fla's ``chunk_gated_delta_rule``, or FlashQLA's ``flashqla_name``."""
+    if library == "fla":
+        return fla_gated_delta_rule("chunk_gated_delta_rule")
+    return peer_function("flash_qla", flashqla_name)
+
+
 def fla_gated_delta_rule(name: str) -> tuple[Callable | None, str]:
     """``fla.ops.gated_delta_rule.<name>`` (fla-core; FLA_FLASH_QLA=0 keeps fla 0.6 from dispatching to FlashQLA)."""
     os.environ.setdefault("FLA_FLASH_QLA", "0")

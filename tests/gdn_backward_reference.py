@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from gdn_reference import L2NORM_EPS, _prepare
+from gdn_reference import _prepare
+from kgen.families.gated_delta_rule.backward import l2norm_backward
 from kgen.families.gated_delta_rule.local_grads import chunk_grads, chunk_terms, value_grad
 
 
@@ -106,13 +107,6 @@ def _end_state_grads(terms, qcs, dos, dht, pieces, scale):
     return ends, ds
 
 
-def _l2norm_backward(x, dy):
-    """The gradient of x from that of y = x / sqrt(|x|^2 + eps): r (dy - y (y . dy)), r = 1 / sqrt(|x|^2 + eps)."""
-    r = torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
-    y = x * r
-    return r * (dy - y * (y * dy).sum(-1, keepdim=True))
-
-
 def chunked_backward(q, k, v, g, beta, do, *, scale=None, initial_state=None, dht=None, cu_seqlens=None,
                      use_qk_l2norm=False, state_layout="kv", chunk: int = 64, segments=None):
     """(dq, dk, dv, dg, dbeta, dh0) in float64: the gradients of sum(o * do) + sum(final * dht) through
@@ -152,7 +146,7 @@ def chunked_backward(q, k, v, g, beta, do, *, scale=None, initial_state=None, dh
     dq = dq.reshape(*dq.shape[:2], heads, heads_v // heads, dk_dim).sum(3)
     dk = dk.reshape(*dk.shape[:2], heads, heads_v // heads, dk_dim).sum(3)
     if use_qk_l2norm:
-        dq, dk = _l2norm_backward(q.double(), dq), _l2norm_backward(k.double(), dk)
+        dq, dk = l2norm_backward(q.double(), dq), l2norm_backward(k.double(), dk)
     if initial_state is None:
         return dq, dk, dv, dg, dbeta, None
     dh0 = torch.stack(dh0)

@@ -70,9 +70,9 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
-def _l2norm_backward(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    """The gradient of x from that of y = x / sqrt(|x|^2 + eps): r (dy - y (y . dy)), r = 1 / sqrt(|x|^2 + eps)."""
-    x = x.float()
+def l2norm_backward(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """The gradient of x from that of y = x / sqrt(|x|^2 + eps): r (dy - y (y . dy)), r = 1 / sqrt(|x|^2 + eps), in
+    x's dtype (tests/gdn_backward_reference.py takes it in float64)."""
     r = torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
     y = x * r
     return r * (dy - y * (y * dy).sum(-1, keepdim=True))
@@ -106,7 +106,7 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
     else:
         dq, dk, dv, dg, dbeta = _torch_grads(qf, kf, v, g, beta, states, d_states, d_out, chunks, scale, kernels.chunk)
     if l2norm:
-        dq, dk = _l2norm_backward(q, dq), _l2norm_backward(k, dk)
+        dq, dk = l2norm_backward(q.float(), dq), l2norm_backward(k.float(), dk)
     return dq.to(dtype), dk.to(dtype), dv.to(dtype), dg, dbeta.to(beta.dtype), d_initial
 
 
