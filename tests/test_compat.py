@@ -13,7 +13,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import warnings
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
