@@ -3,8 +3,9 @@ through each library's autograd, with the step's peak memory, in one run.
 
 Issue 24's shapes (sequences x length, H/HV), K = V = 128, bf16 q/k/v, fp32 g (logsigmoid(randn), strong decay)
 and beta, k L2-normalised, no initial state. A step is the forward, then ``torch.autograd.grad`` of
-sum(o * do) for q, k, v, g and beta; kgen's backward alone (``chunk_gated_delta_rule_bwd``) is timed beside it.
-Eager (autograd steps cannot be graph-replayed), timed by bench/common.time_cuda (median, L2 flushed between repeats, at least 10). Peak memory:
+sum(o * do) for q, k, v, g and beta; beside it, kgen's forward then ``chunk_gated_delta_rule_bwd`` with
+``per_chunk="kernel"``, whose gradients are compared with the autograd step's. Eager (autograd steps cannot be
+graph-replayed), timed by bench/common.time_cuda (median, L2 flushed between repeats, at least 10). Peak memory:
 the most allocated during a step beyond what was allocated before it (inputs and do). kgen runs with a plan
 made once on the host; the peers (benchmarks only, never dependencies) run in child processes, one per library,
 on the same inputs: fla-core 0.6.0's ``chunk_gated_delta_rule`` (FLA_FLASH_QLA=0) and FlashQLA 0.1.3's (its
@@ -45,7 +46,9 @@ PEERS = ("fla", "flashqla")
 COLUMNS = [("shape", "shape", None)] + [
     (f"{lib}_{what}", f"{label} {unit}", fmt) for lib, label in (("kgen", "kgen"), ("flashqla", "FlashQLA"), ("fla", "fla"))
     for what, unit, fmt in (("fwd_ms", "fwd ms", ".3f"), ("step_ms", "fwd+bwd ms", ".3f"), ("peak_gib", "peak GiB", ".2f"))
-] + [("kgen_bwd_ms", "kgen bwd ms", ".3f"), ("kgen_over_flashqla", "kgen/FlashQLA fwd+bwd", ".2f"), ("kgen_over_fla", "kgen/fla fwd+bwd", ".2f"),
+] + [("kgen_kernel_step_ms", "kgen fwd+bwd ms, per-chunk kernel", ".3f"),
+     ("kgen_kernel_grad_rms", "per-chunk kernel vs torch grads rel RMS", ".1e"),
+     ("kgen_over_flashqla", "kgen/FlashQLA fwd+bwd", ".2f"), ("kgen_over_fla", "kgen/fla fwd+bwd", ".2f"),
      ("flashqla_grad_rms", "FlashQLA vs kgen grads rel RMS", ".1e"), ("fla_grad_rms", "fla vs kgen grads rel RMS", ".1e"),
      ("kgen_f64_rms", "kgen vs float64", ".1e"), ("flashqla_f64_rms", "FlashQLA vs float64", ".1e"),
      ("fla_f64_rms", "fla vs float64", ".1e"),
@@ -101,9 +104,12 @@ def kgen_row(shape) -> tuple[dict[str, Any], list[torch.Tensor]]:
         return chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_device, plan=plan)[0]
     row, grads = measured("kgen", forward, tensors)
 
+    def kernel_step():  # the forward, then the backward with its per-chunk gradients by the kernel
+        chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_device, plan=plan)
+        return chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, cu_seqlens=cu_device, plan=plan, per_chunk="kernel")
     with torch.no_grad():
-        row["kgen_bwd_ms"] = _step_ms(lambda: chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, cu_seqlens=cu_device,
-                                                                         plan=plan))
+        row["kgen_kernel_step_ms"] = _step_ms(kernel_step)
+        row["kgen_kernel_grad_rms"] = _largest_rel_rms(list(kernel_step()[:5]), grads)
     return row, grads
 
 

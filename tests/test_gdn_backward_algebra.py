@@ -120,3 +120,34 @@ def test_a_nan_in_one_sequences_do_stays_in_that_sequence(segment_chunks):
     dh0_poisoned, dh0_clean = poisoned[-1], clean[-1]
     assert torch.isnan(dh0_poisoned[1]).any()
     assert torch.equal(dh0_poisoned[[0, 2]], dh0_clean[[0, 2]])
+
+
+@settings(max_examples=8, deadline=None)
+@given(lengths=st.lists(st.sampled_from([1, 37, 63, 64, 65, 130]), min_size=1, max_size=3), group=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2**31 - 1))
+def test_the_backward_host_stage_gathers_and_places_every_chunk(lengths, group, seed):
+    # The op's per-chunk stage (backward._torch_grads: rows gathered into zero-padded chunks by the plan's chunk table,
+    # dq and dk summed over each GVA group, every token's gradients taken back) on the reference's start states and
+    # end-state gradients, laid out as the kernels write them (S^T, dS'^T per chunk), against chunked_backward.
+    from kgen.families.gated_delta_rule.backward import _torch_grads
+    from kgen.families.gated_delta_rule.planner import plan_chunk_gated_delta_rule
+    from gdn_backward_reference import _chunk_forward, _end_state_grads, _start_states
+
+    (q, k, v, g, beta, do, dht, state), cu = random_case(lengths, 1, group, 64, 64, "kv", True, True, seed)
+    want = chunked_backward(q, k, v, g, beta, do, initial_state=state, dht=dht, cu_seqlens=cu)
+    qn, kn, vd, gd, bd, scale, seqs, states = ref._prepare(q, k, v, g, beta, None, state, cu, False, "kv")
+    starts, ends = [], []
+    for n, (b, start, end) in enumerate(seqs):
+        rows = [slice(c0, min(c0 + 64, end)) for c0 in range(start, end, 64)]
+        inputs = [tuple(x[b, r].transpose(0, 1) for x in (qn, kn, vd, gd, bd)) for r in rows]
+        terms = [_chunk_forward(*x) for x in inputs]
+        starts += _start_states(terms, states[n], None)
+        ends += _end_state_grads(terms, [x[0] for x in inputs], [do[b, r].transpose(0, 1) for r in rows], dht[n], None,
+                                 scale)[0]
+    plan = plan_chunk_gated_delta_rule(cu, num_heads_v=group, head_dim=64)
+    assert len(plan.chunks) == len(starts)  # the plan's chunks are the reference's, in order
+    as_kernels_write = [torch.stack(x).transpose(-1, -2).contiguous() for x in (starts, ends)]
+    got = _torch_grads(q, k, v, g, beta, *as_kernels_write, do, torch.from_numpy(plan.chunks), scale, 64)
+    for name, a, b in zip(GRADIENTS, got, want):
+        assert a.shape == b.shape, name
+        assert ref.rel_rms(a, b) < 1e-5, (name, ref.rel_rms(a, b))  # the stage computes in fp32

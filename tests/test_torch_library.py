@@ -151,3 +151,5 @@ def test_a_differentiable_chunk_call_is_checked_like_any_other():
         kgen.ops.chunk_gated_delta_rule(x, x, x, x[..., 0], x[..., 0])
     with pytest.raises(ValueError, match="^out: "):
         kgen.ops.chunk_gated_delta_rule(x, x, x, x[..., 0], x[..., 0], out=torch.empty(1, 2, 2, 128))
+    with pytest.raises(ValueError, match="^per_chunk: "):
+        kgen.ops.chunk_gated_delta_rule_bwd(x, x, x, x[..., 0], x[..., 0], x, per_chunk="triton")

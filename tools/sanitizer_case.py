@@ -76,8 +76,8 @@ def main() -> None:
                                            use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan)
         assert not grads[2][0, :lengths[0]].isnan().any(), "NaN leaked into sequence 0 (gated delta rule backward)"
         grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"),
-                                           use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan)
-        assert not grads[2][0, :lengths[0]].isnan().any(), "NaN leaked into sequence 0 (backward, no initial state)"
+                                           use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan, per_chunk="kernel")
+        assert not grads[2][0, :lengths[0]].isnan().any(), "NaN leaked into sequence 0 (per-chunk gradients kernel)"
     # Decode: every load and tail policy, contiguous and paged (pages of 16 by TMA, of 5 by cp.async), a
     # request split many ways (merged by its last CTA) beside short ones and an empty one, two tokens a request.
     lengths = [3000, 17, 0, 64]

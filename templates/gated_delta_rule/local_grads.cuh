@@ -1,14 +1,13 @@
-// The backward's per-chunk gradients, one block per (chunk, v-head): tests/gdn_backward_reference.py's chunk_grads
-// (its docstring has the notation) from the chunk's inputs, its start state S (S^T, from
+// The backward's per-chunk gradients, one block per (chunk, v-head): kgen/families/gated_delta_rule/local_grads.py's
+// algebra (its docstring has the notation) from the chunk's inputs, its start state S (S^T, from
 // gated_delta_rule_chunk_states), the gradient dS' of its end state (dS'^T, from gated_delta_rule_chunk_reverse)
 // and Tbeta (from gated_delta_rule_kkt), with T = I - Tbeta StrictLower(K K^T * D) (since T (I + A) = I).
 // Writes dq and dk per v-head (fp32; the host sums a GVA group's), dv, dg and dbeta of the chunk's tokens.
 //
 // Every operand is a 16-bit shared-memory tile in plain row-major order, rows padded by 16 bytes so that the
 // eight rows an ldmatrix reads start on distinct banks; every product is `product`, mma.sync over one such pair
-// (either side read transposed), its result in registers: the 16 warps split the 64 rows in four and the columns
-// in four (more warps than the 8 of a first version, each with half the registers, to hide the mma chains' latency
-// at one block per SM). fp32 matrices the whole block reads (the masks' sums) go through fp32 scratch tiles. Sums over a row
+// (either side read transposed), its result in registers: the 8 warps split the 64 rows in four and the columns
+// in two. fp32 matrices the whole block reads (the masks' sums) go through fp32 scratch tiles. Sums over a row
 // are made in a fixed order (no atomics), so the gradients are deterministic. Rows past the sequence are zero
 // in q, k, v and dO, their gates and betas zero, and nothing is written for them.
 //
@@ -22,7 +21,7 @@ struct LocalGrads {
     using T = typename Config::T;
     static constexpr int kHeadDim = Config::kHeadDim;
     static constexpr bool kHasIncompleteTile = Config::kHasIncompleteTile;
-    static constexpr int kThreads = 512, kWarps = kThreads / 32, kColumnGroups = kWarps / 4;
+    static constexpr int kThreads = 256, kWarps = kThreads / 32;
     static constexpr int kWide = kHeadDim + 8, kSquare = kChunk + 8, kStateRows = kHeadDim;  // padded strides
     static constexpr int kSquareF = kChunk + 4;  // fp32 scratch stride
 
@@ -36,7 +35,7 @@ struct LocalGrads {
         float square0[kChunk * kSquareF];  // L = StrictLower(K K^T * D), then dkk
         float square1[kChunk * kSquareF];  // K K^T and Q K^T, then P = Q K^T * D, then dP * P, then dA * A
         float gamma[kChunk], beta[kChunk];
-        float row_part[kColumnGroups][kChunk];  // a row's sum from each column group of the warps
+        float row_part[2][kChunk];    // a row's sum from each column half of the warps
         float d_gamma[kChunk], d_beta[kChunk];
         float via_kd[kChunk], via_kb[kChunk];  // Kd . dKd and e^G k . dKb, row by row
         float block_part[kWarps];
@@ -44,22 +43,15 @@ struct LocalGrads {
     static constexpr int kDynamicSmemBytes = sizeof(Shared) + 16;
     static_assert(kDynamicSmemBytes <= 227 * 1024, "gated_delta_rule_chunk_grads: shared memory over 227 KB");
 
-    // A warp's share of a product kN wide: kN / kColumnGroups columns, as 16x8 mma accumulators.
-    template <int kN>
-    using Acc = float[kN / (8 * kColumnGroups)][4];
-    template <int kN>
-    static constexpr int kTilesOf = kN / (8 * kColumnGroups);
-
-    // The warp's rows [16 (warp % 4), +16) and columns [(warp / 4) kN / kColumnGroups, +kN / kColumnGroups) of
-    // op(A) op(B), A [64][kK] (or stored [kK][64] when kATransposed) and B [kK][kN] (kBKN) or stored [kN][kK];
-    // strides in elements.
+    // The warp's rows [16 (warp % 4), +16) and columns [half * kN / 2, +kN / 2) of op(A) op(B), A [64][kK] (or
+    // stored [kK][64] when kATransposed) and B [kK][kN] (kBKN) or stored [kN][kK]; strides in elements.
     template <int kN, int kK, bool kATransposed, bool kBKN>
-    __device__ static __forceinline__ void product(Acc<kN>& acc, const T* a, int a_stride, const T* b, int b_stride) {
-        static_assert(kTilesOf<kN> % 2 == 0, "a warp's columns are whole 16-wide ldmatrix pieces");
+    __device__ static __forceinline__ void product(float (&acc)[kN / 16][4], const T* a, int a_stride, const T* b,
+                                                   int b_stride) {
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        const int m0 = 16 * (warp % 4), n_base = (warp / 4) * (kN / kColumnGroups);
+        const int m0 = 16 * (warp % 4), n_base = (warp / 4) * (kN / 2);
 #pragma unroll
-        for (int n = 0; n < kTilesOf<kN>; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+        for (int n = 0; n < kN / 16; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll 2
         for (int k0 = 0; k0 < kK; k0 += 16) {
             unsigned a_frag[4];
@@ -69,7 +61,7 @@ struct LocalGrads {
                 ldmatrix_x4(a_frag, smem_addr(a + (m0 + lane % 16) * a_stride + k0 + (lane / 16) * 8));
             }
 #pragma unroll
-            for (int np = 0; np < kTilesOf<kN> / 2; ++np) {
+            for (int np = 0; np < kN / 32; ++np) {
                 const int n0 = n_base + 16 * np;
                 unsigned b_frag[4];
                 if (kBKN) {
@@ -88,14 +80,14 @@ struct LocalGrads {
     __device__ static __forceinline__ int row_of(int e) { return 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4 + (e / 2) * 8; }
     template <int kN>
     __device__ static __forceinline__ int column_of(int n, int e) {
-        return (threadIdx.x / 128) * (kN / kColumnGroups) + 8 * n + 2 * (threadIdx.x % 4) + e % 2;
+        return (threadIdx.x / 128) * (kN / 2) + 8 * n + 2 * (threadIdx.x % 4) + e % 2;
     }
 
     // Each thread's accumulator elements through f(row, column, value) -> the value to keep.
     template <int kN, class F>
-    __device__ static __forceinline__ void each(Acc<kN>& acc, F f) {
+    __device__ static __forceinline__ void each(float (&acc)[kN / 16][4], F f) {
 #pragma unroll
-        for (int n = 0; n < kTilesOf<kN>; ++n) {
+        for (int n = 0; n < kN / 16; ++n) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[n][e] = f(row_of<kN>(e), column_of<kN>(n, e), acc[n][e]);
         }
@@ -103,9 +95,9 @@ struct LocalGrads {
 
     // A product's results into a 16-bit tile (stride in elements).
     template <int kN>
-    __device__ static __forceinline__ void store(T* tile, int stride, const Acc<kN>& acc) {
+    __device__ static __forceinline__ void store(T* tile, int stride, const float (&acc)[kN / 16][4]) {
 #pragma unroll
-        for (int n = 0; n < kTilesOf<kN>; ++n) {
+        for (int n = 0; n < kN / 16; ++n) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 *reinterpret_cast<unsigned*>(tile + row_of<kN>(2 * half) * stride + column_of<kN>(n, 0)) =
@@ -116,9 +108,9 @@ struct LocalGrads {
 
     // acc += factor * more, element by element.
     template <int kN>
-    __device__ static __forceinline__ void add_into(Acc<kN>& acc, const Acc<kN>& more, float factor) {
+    __device__ static __forceinline__ void add_into(float (&acc)[kN / 16][4], const float (&more)[kN / 16][4], float factor) {
 #pragma unroll
-        for (int n = 0; n < kTilesOf<kN>; ++n) {
+        for (int n = 0; n < kN / 16; ++n) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[n][e] += factor * more[n][e];
         }
@@ -127,10 +119,10 @@ struct LocalGrads {
     // A product's rows into global memory, fp32, rows `row_stride` elements apart, only the rows inside the
     // sequence (row_inside: the thread's upper and lower row).
     template <int kN>
-    __device__ static __forceinline__ void write_rows(float* out, long long row_stride, const Acc<kN>& acc,
+    __device__ static __forceinline__ void write_rows(float* out, long long row_stride, const float (&acc)[kN / 16][4],
                                                       const bool (&row_inside)[2]) {
 #pragma unroll
-        for (int n = 0; n < kTilesOf<kN>; ++n) {
+        for (int n = 0; n < kN / 16; ++n) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 if (!row_inside[half]) continue;
@@ -141,12 +133,12 @@ struct LocalGrads {
     }
 
     // Adds, per row, the sum over the thread's elements of value(row, column, element) into sums[row]: the four
-    // lanes of a row, then the column groups in order. Ends with the block's barrier.
+    // lanes of a row, then the two column halves in order. Ends with the block's barrier.
     template <int kN, class F>
-    __device__ static __forceinline__ void add_row_sums(Shared& smem, float* sums, const Acc<kN>& acc, F value) {
+    __device__ static __forceinline__ void add_row_sums(Shared& smem, float* sums, const float (&acc)[kN / 16][4], F value) {
         float part[2] = {0.f, 0.f};
 #pragma unroll
-        for (int n = 0; n < kTilesOf<kN>; ++n) {
+        for (int n = 0; n < kN / 16; ++n) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) part[e / 2] += value(row_of<kN>(e), column_of<kN>(n, e), acc[n][e]);
         }
@@ -157,12 +149,7 @@ struct LocalGrads {
             if (threadIdx.x % 4 == 0) smem.row_part[threadIdx.x / 128][row_of<kN>(2 * half)] = part[half];
         }
         __syncthreads();
-        if (threadIdx.x < kChunk) {
-            float sum = 0.f;
-#pragma unroll
-            for (int group = 0; group < kColumnGroups; ++group) sum += smem.row_part[group][threadIdx.x];
-            sums[threadIdx.x] += sum;
-        }
+        if (threadIdx.x < kChunk) sums[threadIdx.x] += smem.row_part[0][threadIdx.x] + smem.row_part[1][threadIdx.x];
         __syncthreads();
     }
 
@@ -239,7 +226,7 @@ struct LocalGrads {
 
         // K K^T and Q K^T; L = StrictLower(K K^T * D) (fp32, and 16-bit in T's tile), P = Q K^T * D (fp32).
         {
-            Acc<kChunk> kk, qk;
+            float kk[kChunk / 16][4], qk[kChunk / 16][4];
             product<kChunk, kHeadDim, false, false>(kk, smem.k, kWide, smem.k, kWide);
             product<kChunk, kHeadDim, false, false>(qk, smem.q, kWide, smem.k, kWide);
             each<kChunk>(kk, [&](int i, int j, float x) {
@@ -253,7 +240,7 @@ struct LocalGrads {
         __syncthreads();
         // T = I - Tbeta L, into L's tile.
         {
-            Acc<kChunk> t;
+            float t[kChunk / 16][4];
             product<kChunk, kChunk, false, true>(t, smem.tbeta, kSquare, smem.t, kSquare);
             each<kChunk>(t, [&](int i, int j, float x) { return (i == j ? 1.f : 0.f) - x; });
             __syncthreads();  // L's 16-bit copy is read no more
@@ -261,14 +248,14 @@ struct LocalGrads {
         }
         // Z = V - diag(e^G) K S (in wide0), then Vn = Tbeta Z (in wide1).
         {
-            Acc<kHeadDim> z;
+            float z[kHeadDim / 16][4];
             product<kHeadDim, kHeadDim, false, false>(z, smem.k, kWide, smem.state, kWide);
             each<kHeadDim>(z, [&](int i, int c, float x) { return to_f32<T>(smem.v[i * kWide + c]) - __expf(smem.gamma[i]) * x; });
             store<kHeadDim>(smem.wide0, kWide, z);
         }
         __syncthreads();
         {
-            Acc<kHeadDim> vn;
+            float vn[kHeadDim / 16][4];
             product<kHeadDim, kChunk, false, true>(vn, smem.tbeta, kSquare, smem.wide0, kWide);
             store<kHeadDim>(smem.wide1, kWide, vn);
         }
@@ -281,7 +268,7 @@ struct LocalGrads {
         __syncthreads();
         // dVn = diag(e^{G_L - G}) K dS' + scale P^T dO (in wide0).
         {
-            Acc<kHeadDim> kd, pd;
+            float kd[kHeadDim / 16][4], pd[kHeadDim / 16][4];
             product<kHeadDim, kHeadDim, false, false>(kd, smem.k, kWide, smem.d_state, kWide);
             product<kHeadDim, kChunk, true, true>(pd, smem.wide0, kWide, smem.d_out, kWide);
             each<kHeadDim>(kd, [&](int i, int, float x) { return __expf(gamma_last - smem.gamma[i]) * x; });
@@ -291,7 +278,7 @@ struct LocalGrads {
         }
         // dqk = scale (dO Vn^T) * D (16-bit, in Tbeta's tile); dP * P = scale (dO Vn^T) * P, the exponents' share.
         {
-            Acc<kChunk> dqk;
+            float dqk[kChunk / 16][4];
             product<kChunk, kHeadDim, false, false>(dqk, smem.d_out, kWide, smem.wide1, kWide);
             each<kChunk>(dqk, [&](int i, int j, float x) {
                 at_f(smem.square1, i, j) *= scale * x;
@@ -303,7 +290,7 @@ struct LocalGrads {
         add_exponent_sums(smem, smem.square1);
         // dq = scale diag(e^G) dO S^T + dqk K; q . (its first term) is G's.
         {
-            Acc<kHeadDim> acc, more;
+            float acc[kHeadDim / 16][4], more[kHeadDim / 16][4];
             product<kHeadDim, kHeadDim, false, true>(acc, smem.d_out, kWide, smem.state, kWide);
             each<kHeadDim>(acc, [&](int i, int, float x) { return scale * __expf(smem.gamma[i]) * x; });
             add_row_sums<kHeadDim>(smem, smem.d_gamma, acc, [&](int i, int c, float x) { return to_f32<T>(smem.q[i * kWide + c]) * x; });
@@ -312,13 +299,13 @@ struct LocalGrads {
             write_rows<kHeadDim>(dq + out_offset, row_stride, acc, row_inside);
         }
         // dk = diag(e^{G_L - G}) Vn dS'^T + dqk^T Q + (dkk + dkk^T) K + diag(beta e^G) T^T dw, in registers.
-        Acc<kHeadDim> dk_acc;
+        float dk_acc[kHeadDim / 16][4];
         {
             product<kHeadDim, kHeadDim, false, true>(dk_acc, smem.wide1, kWide, smem.d_state, kWide);
             each<kHeadDim>(dk_acc, [&](int i, int, float x) { return __expf(gamma_last - smem.gamma[i]) * x; });
             // Kd . dKd, row by row: the exponents of Kd = diag(e^{G_L - G}) K.
             add_row_sums<kHeadDim>(smem, smem.via_kd, dk_acc, [&](int i, int c, float x) { return to_f32<T>(smem.k[i * kWide + c]) * x; });
-            Acc<kHeadDim> more;
+            float more[kHeadDim / 16][4];
             product<kHeadDim, kChunk, true, true>(more, smem.tbeta, kSquare, smem.q, kWide);
             add_into<kHeadDim>(dk_acc, more, 1.f);
         }
@@ -344,14 +331,14 @@ struct LocalGrads {
         }
         // dw = -dVn S^T (16-bit, in wide1); dt = dw Kb^T + dVn Vb^T (16-bit, in Tbeta's tile).
         {
-            Acc<kHeadDim> dw;
+            float dw[kHeadDim / 16][4];
             product<kHeadDim, kHeadDim, false, true>(dw, smem.wide0, kWide, smem.state, kWide);
             each<kHeadDim>(dw, [&](int, int, float x) { return -x; });
             store<kHeadDim>(smem.wide1, kWide, dw);
         }
         __syncthreads();
         {
-            Acc<kChunk> via_k, via_v;
+            float via_k[kChunk / 16][4], via_v[kChunk / 16][4];
             product<kChunk, kHeadDim, false, false>(via_k, smem.wide1, kWide, smem.k, kWide);
             product<kChunk, kHeadDim, false, false>(via_v, smem.wide0, kWide, smem.v, kWide);
             each<kChunk>(via_k, [&](int, int j, float x) { return __expf(smem.gamma[j]) * x; });
@@ -362,13 +349,13 @@ struct LocalGrads {
         __syncthreads();
         // X = T^T dt (16-bit, in Q's tile: Q is read no more); dA = -StrictLower(X T^T).
         {
-            Acc<kChunk> x_acc;
+            float x_acc[kChunk / 16][4];
             product<kChunk, kChunk, true, true>(x_acc, smem.t, kSquare, smem.tbeta, kSquare);
             store<kChunk>(smem.q, kWide, x_acc);
         }
         __syncthreads();
         {
-            Acc<kChunk> da;
+            float da[kChunk / 16][4];
             product<kChunk, kChunk, false, false>(da, smem.q, kWide, smem.t, kSquare);
             each<kChunk>(da, [&](int i, int j, float x) { return i > j ? -x : 0.f; });
             // beta's share sum_j dA_ij L_ij; the exponents' dA * A (A = diag(beta) L); dkk = dA * beta_i * D.
@@ -388,13 +375,13 @@ struct LocalGrads {
         }
         __syncthreads();
         {
-            Acc<kHeadDim> more;
+            float more[kHeadDim / 16][4];
             product<kHeadDim, kChunk, false, true>(more, smem.tbeta, kSquare, smem.k, kWide);
             add_into<kHeadDim>(dk_acc, more, 1.f);
         }
         // dKb = T^T dw: dk += diag(beta e^G) dKb; e^G k . dKb is beta's share and, times beta, G's.
         {
-            Acc<kHeadDim> d_kb;
+            float d_kb[kHeadDim / 16][4];
             product<kHeadDim, kChunk, true, true>(d_kb, smem.t, kSquare, smem.wide1, kWide);
             add_row_sums<kHeadDim>(smem, smem.via_kb, d_kb, [&](int i, int c, float x) {
                 return __expf(smem.gamma[i]) * to_f32<T>(smem.k[i * kWide + c]) * x;
@@ -405,12 +392,12 @@ struct LocalGrads {
         }
         // dVb = T^T dVn: dv = diag(beta) dVb; v . dVb is beta's share.
         {
-            Acc<kHeadDim> d_vb;
+            float d_vb[kHeadDim / 16][4];
             product<kHeadDim, kChunk, true, true>(d_vb, smem.t, kSquare, smem.wide0, kWide);
             add_row_sums<kHeadDim>(smem, smem.d_beta, d_vb, [&](int i, int c, float x) { return to_f32<T>(smem.v[i * kWide + c]) * x; });
             T* const out = dv + out_offset;
 #pragma unroll
-            for (int n = 0; n < kTilesOf<kHeadDim>; ++n) {
+            for (int n = 0; n < kHeadDim / 16; ++n) {
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const int i = row_of<kHeadDim>(2 * half);

@@ -5,8 +5,10 @@ The forward keeps nothing but its inputs (as FlashQLA's). The backward
    its split and chain included, writing 16-bit states instead of o);
 2. runs the state gradient's reverse recurrence from each sequence's end (``gated_delta_rule_chunk_reverse``),
    writing every chunk's dS'^T (16-bit) and the gradient of the initial state;
-3. takes every chunk's dq, dk, dv, dg and dbeta from them (``gated_delta_rule_chunk_grads``, a block per
-   (chunk, v-head), everything in shared memory; tests/gdn_backward_reference.py's ``chunk_grads`` is its algebra),
+3. takes every chunk's dq, dk, dv, dg and dbeta from them: by default with :mod:`.local_grads` (batched torch
+   products in fp32 over slices of chunks); with ``per_chunk="kernel"`` by ``gated_delta_rule_chunk_grads``, a
+   block per (chunk, v-head), everything in shared memory: 5.4x faster, but its dg missed the 1e-2 bar on one
+   GPU test case, see bench/NOTES.md "Fifteenth session");
    then sums dq and dk over each GVA group, and takes the in-kernel l2norm's backward.
 
 Rows past a sequence are zero in every chunk the backward reads, so one sequence's gradients never see
@@ -19,21 +21,32 @@ import numpy as np
 import torch
 
 from kgen.families.gated_delta_rule.chunk import checked_inputs, kernels_for_plan, on_device, run_forward
+from kgen.families.gated_delta_rule.local_grads import chunk_grads, chunk_terms
 from kgen.runtime.checks import check_dense_rows, check_shape, check_tensor
 
 #: The eps of fla's in-kernel l2norm, x / sqrt(sum x^2 + eps).
 L2NORM_EPS = 1e-6
+#: Elements of one [chunk, head, token, feature] fp32 tensor of the per-chunk gradients' slices: bounds the
+#: backward's workspace (a few dozen such tensors live at once) whatever the batch.
+_SLICE_ELEMENTS = 1 << 26
+
+
+#: Where the per-chunk gradients are taken (see the module's step 3).
+PER_CHUNK = ("torch", "kernel")
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, *, scale=None, initial_state=None, d_final_state=None,
-                               cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_layout="kv", plan=None):
+                               cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_layout="kv", plan=None,
+                               per_chunk="torch"):
     """The gradients (dq, dk, dv, dg, dbeta, d_initial_state) of ``sum(o * d_out) + sum(final * d_final_state)``
     through :func:`kgen.ops.chunk_gated_delta_rule` with the same arguments, for callers with their own autograd.
 
     ``d_out`` is o's gradient (v's shape and dtype); ``d_final_state`` the final state's (fp32, the state
     layout's shape) or None. dq, dk and dv come in q's dtype, dg in fp32, dbeta in beta's dtype;
-    d_initial_state (fp32) is None without an initial state.
+    d_initial_state (fp32) is None without an initial state. ``per_chunk``: one of :data:`PER_CHUNK`.
     """
+    if per_chunk not in PER_CHUNK:
+        raise ValueError(f"per_chunk: expected one of {PER_CHUNK}, got {per_chunk!r}")
     plan, scale = checked_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                  output_final_state=False, cu_seqlens=cu_seqlens,
                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout, plan=plan)
@@ -50,7 +63,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, *, scale=None, initial_s
                 torch.zeros_like(beta), None if initial_state is None else torch.zeros_like(initial_state))
     with on_device(q.device):
         return _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state, cu_seqlens,
-                         use_qk_l2norm_in_kernel, state_layout)
+                         use_qk_l2norm_in_kernel, state_layout, per_chunk)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -66,11 +79,13 @@ def l2norm_backward(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     return r * (dy - y * (y * dy).sum(-1, keepdim=True))
 
 
-def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state, cu_seqlens, l2norm, state_layout):
+def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state, cu_seqlens, l2norm, state_layout,
+              per_chunk):
     heads, head_dim, heads_v = q.shape[2], q.shape[3], v.shape[2]
     dtype = q.dtype
-    # The kernels take q and k normalised and rounded to their dtype (as the forward's kernels read them).
-    q_in, k_in = (_l2norm(q).to(dtype), _l2norm(k).to(dtype)) if l2norm else (q, k)
+    # The kernels take q and k normalised (rounded to their dtype); the per-chunk gradients the fp32 ones.
+    qf, kf = (_l2norm(q), _l2norm(k)) if l2norm else (q, k)
+    q_in, k_in = (qf.to(dtype), kf.to(dtype)) if l2norm else (q, k)
     num_chunks = len(plan.chunks)
     states = q.new_empty((num_chunks, heads_v, head_dim, head_dim))
     d_states = torch.empty_like(states)
@@ -85,14 +100,18 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
                            segments=segments.data_ptr(), d_states=d_states.data_ptr(),
                            d_initial_state=0 if d_initial is None else d_initial.data_ptr(), num_heads=heads,
                            num_heads_v=heads_v, scale=np.float32(scale))
-    dq, dk, dv, dg, dbeta = _chunk_grads(kernels, q_in, k_in, v, g, beta, tbeta, states, d_states, d_out, chunks,
-                                         scale)
+
+    if per_chunk == "kernel":
+        dq, dk, dv, dg, dbeta = _kernel_grads(kernels, q_in, k_in, v, g, beta, tbeta, states, d_states, d_out,
+                                              chunks, scale)
+    else:
+        dq, dk, dv, dg, dbeta = _torch_grads(qf, kf, v, g, beta, states, d_states, d_out, chunks, scale, kernels.chunk)
     if l2norm:
         dq, dk = l2norm_backward(q.float(), dq), l2norm_backward(k.float(), dk)
     return dq.to(dtype), dk.to(dtype), dv.to(dtype), dg, dbeta.to(beta.dtype), d_initial
 
 
-def _chunk_grads(kernels, q, k, v, g, beta, tbeta, states, d_states, d_out, chunks, scale):
+def _kernel_grads(kernels, q, k, v, g, beta, tbeta, states, d_states, d_out, chunks, scale):
     """dq, dk (fp32, summed over each GVA group), dv, dg and dbeta (fp32) by gated_delta_rule_chunk_grads."""
     batch, tokens, heads, head_dim = q.shape
     heads_v = v.shape[2]
@@ -112,3 +131,46 @@ def _chunk_grads(kernels, q, k, v, g, beta, tbeta, states, d_states, d_out, chun
         dq, dk = (x.view(batch, tokens, heads, group, head_dim).sum(3) for x in (dq, dk))
     return dq, dk, dv, dg, dbeta
 
+
+def _torch_grads(qf, kf, v, g, beta, states, d_states, d_out, chunks, scale, chunk):
+    """dq, dk (summed over each GVA group), dv, dg and dbeta, fp32, by :mod:`.local_grads` over slices of chunks."""
+    batch, tokens, heads, head_dim = qf.shape
+    heads_v, total, num_chunks = v.shape[2], batch * tokens, len(chunks)
+    group = heads_v // heads
+    device = qf.device
+    # Every chunk's rows (padded ones masked), and each token's place among the chunks' rows.
+    offsets = torch.arange(chunk, device=device, dtype=torch.int64)
+    first, valid = chunks[:, 0].long(), chunks[:, 1].long()
+    inside = offsets < valid[:, None]  # [chunks, chunk]
+    rows = torch.where(inside, first[:, None] + offsets, 0)
+    token_chunk = torch.searchsorted(first.contiguous(), torch.arange(total, device=device), right=True) - 1
+    token_place = token_chunk * chunk + torch.arange(total, device=device) - first[token_chunk]
+    sources = [x.reshape(total, -1, x.shape[-1] if x.dim() == 4 else 1) for x in (qf, kf, v, d_out, g, beta)]
+
+    def by_chunk(x, part):  # [total, h, f] -> [chunks of part, h, chunk, f], fp32, rows past a sequence zero
+        picked = x[rows[part]].float()
+        return torch.where(inside[part][:, :, None, None], picked, 0.0).transpose(1, 2)
+
+    # Per chunk, in the chunks' order: dq and dk per q/k head, dv per v-head, dg and dbeta.
+    dq = v.new_empty((num_chunks, heads, chunk, head_dim), dtype=torch.float32)
+    dk, dv = torch.empty_like(dq), v.new_empty((num_chunks, heads_v, chunk, head_dim), dtype=torch.float32)
+    dg = v.new_empty((num_chunks, heads_v, chunk), dtype=torch.float32)
+    dbeta = torch.empty_like(dg)
+    step = max(1, _SLICE_ELEMENTS // (heads_v * chunk * head_dim))
+    for c0 in range(0, num_chunks, step):
+        part = slice(c0, c0 + step)
+        qc, kc, vc, dc, gc, bc = (by_chunk(x, part) for x in sources)
+        qc, kc = qc.repeat_interleave(group, dim=1), kc.repeat_interleave(group, dim=1)
+        gc, bc = gc[..., 0], bc[..., 0]
+        s, dh = states[part].float().mT, d_states[part].float().mT  # the kernels write S^T and dS'^T
+        grads = chunk_grads(chunk_terms(qc, kc, vc, gc, bc), qc, kc, vc, bc, s, dh, dc, scale)
+        size = grads[0].shape[0]
+        # GVA: a q/k head's gradient sums those of the v-heads that read it.
+        dq[part], dk[part] = (x.view(size, heads, group, chunk, head_dim).sum(2) for x in grads[:2])
+        dv[part], dg[part], dbeta[part] = grads[2:]
+
+    def by_token(x):  # [chunks, h, chunk, f...] -> [B, T, h, f...]
+        x = x.transpose(1, 2)
+        return x.reshape(num_chunks * chunk, *x.shape[2:])[token_place].reshape(batch, tokens, *x.shape[2:])
+
+    return tuple(by_token(x) for x in (dq, dk, dv, dg, dbeta))

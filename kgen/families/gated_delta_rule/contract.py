@@ -45,7 +45,7 @@ _GDN_GRADS_PARAMETERS = parameters(
     "const T* tbeta, const T* states, const T* d_states, const T* d_out, float* dq, float* dk, T* dv, float* dg, "
     "float* dbeta, long long num_heads, long long num_heads_v, float scale")
 #: The per-chunk gradients' block: threads.
-GDN_GRADS_THREADS = 512
+GDN_GRADS_THREADS = 256
 #: Fields of a segment row, as the planner writes them and the recurrence reads them (recurrence.cuh's
 #: SegmentField): the segment's tokens and chunks, its summary and start-state slots (-1: none), whether it
 #: writes its sequence's final state, and its sequence's first token, which with ``end_token`` are the bounds
@@ -72,12 +72,11 @@ def _reverse_dynamic_smem_bytes(chunk: int, head_dim: int, slice_v: int, itemsiz
 
 def _grads_dynamic_smem_bytes(chunk: int, head_dim: int, itemsize: int) -> int:
     """local_grads.cuh's Shared: Q, K, V, dO, two wide scratch tiles and (head_dim rows) S^T and dS'^T, rows of
-    head_dim + 8; Tbeta and T, rows of chunk + 8; two fp32 chunk x chunk scratch tiles, rows of chunk + 4; six
-    per-row float vectors and one per column group of warps (four rows of warps), and a float per warp; 16 bytes of
-    alignment slack."""
+    head_dim + 8; Tbeta and T, rows of chunk + 8; two fp32 chunk x chunk scratch tiles, rows of chunk + 4; eight
+    per-row float vectors and a float per warp; 16 bytes of alignment slack."""
     wide, square = head_dim + 8, chunk + 8
     tiles = (6 * chunk * wide + 2 * head_dim * wide + 2 * chunk * square) * itemsize
-    return tiles + 2 * chunk * (chunk + 4) * 4 + ((6 + GDN_GRADS_THREADS // 128) * chunk + GDN_GRADS_THREADS // 32) * 4 + 16
+    return tiles + 2 * chunk * (chunk + 4) * 4 + (8 * chunk + GDN_GRADS_THREADS // 32) * 4 + 16
 
 
 def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
