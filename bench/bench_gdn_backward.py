@@ -14,7 +14,7 @@ runs last). Rows are printed as they are measured. Each library's gradients are
 compared with kgen's (rel RMS of the five, the largest). Bar (issue 24, to resolve): kgen's forward + backward
 <= FlashQLA's at every shape.
 
-    PYTHONPATH=. python3 bench/bench_gdn_backward.py [--out DIR]
+    PYTHONPATH=. python3 bench/bench_gdn_backward.py [--out DIR] [--gdn-peers fla,flashqla]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from common import (add_peer_rows, environment, gdn_peer, run_standalone, summary_row,
+from common import (add_peer_rows, default_out_dir, environment, gdn_peer, standalone_parser, summary_row,
                     time_cuda, verdict, write_results)
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, plan_chunk_gated_delta_rule
 
@@ -158,6 +158,9 @@ def peer_rows(library: str, comparisons: list[tuple[list[torch.Tensor], list[tor
 
 
 def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
+    peers = [p.strip() for p in options.gdn_peers.split(",") if p.strip()]
+    if set(peers) - set(PEERS):
+        raise ValueError(f"--gdn-peers: expected names from {PEERS}, got {options.gdn_peers!r}")
     rows, comparisons = [], []
     for shape in SHAPES:
         row, grads = kgen_row(shape)
@@ -166,7 +169,7 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
         print(rows[-1], flush=True)
         comparisons.append(([x.cpu() for x in grads], reference))
         torch.cuda.empty_cache()
-    for library in PEERS:
+    for library in peers:
         add_peer_rows(rows, library, peer_rows, comparisons, time_key="step_ms")
     for row in rows:
         print(row, flush=True)
@@ -190,8 +193,18 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
     return summary
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("gdn backward")
+    group.add_argument("--gdn-peers", default=",".join(PEERS),
+                       help=f"comma-separated peers of the training step, in order (default {','.join(PEERS)}; empty: "
+                            "kgen alone). A fresh machine compiles FlashQLA's kernels for minutes: one peer a device "
+                            "call fits its limit")
+
+
 def main(argv: list[str] | None = None) -> int:
-    return run_standalone(__doc__, run, argv)
+    options = standalone_parser(__doc__, add_arguments).parse_args(argv)
+    run(options.out or default_out_dir(), options)
+    return 0
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         + ", ".join(name for name, _ in BENCHMARKS) + ")")
     bench_host.add_arguments(parser)
     bench_merge_states.add_arguments(parser)
+    bench_gdn_backward.add_arguments(parser)
     attention_common.add_arguments(parser)  # both attention benchmarks' options
     return parser.parse_args(argv)
 
