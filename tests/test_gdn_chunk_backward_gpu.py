@@ -183,6 +183,36 @@ def test_gradients_are_deterministic_and_a_graph_replays_them(per_chunk):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("per_chunk", PER_CHUNK)
+@pytest.mark.parametrize("call_cu", [[0, 310, 377, 1377], [0, 300, 250, 1377], [0, 300, 377, 1400]],
+                         ids=["moved-boundary", "decreasing", "past-the-end"])
+def test_a_plan_used_with_other_cu_seqlens_gives_nan_gradients_to_the_moved_sequences_alone(call_cu, per_chunk):
+    # The forward's test (test_gdn_chunk_gpu.py) for the backward: the states' recompute and the reverse recurrence
+    # both check the call's bounds against the plan's, so every gradient of a moved sequence is NaN (dv included,
+    # which never reads the states) and the others are bitwise those of the right call.
+    planned, heads_v = [0, 300, 377, 1377], 4
+    plan = plan_chunk_gated_delta_rule(planned, num_heads_v=heads_v, head_dim=128, segment_chunks=2)
+    inputs, initial, d_out, d_final = make_case([300, 77, 1000], 2, 2, 128, torch.bfloat16, False, True, True, True,
+                                                "kv", 21)
+
+    def grads(cu_host):
+        return chunk_gated_delta_rule_bwd(*inputs, d_out, initial_state=initial, d_final_state=d_final,
+                                          cu_seqlens=torch.tensor(cu_host, dtype=torch.int32, device="cuda"),
+                                          plan=plan, per_chunk=per_chunk)
+
+    right, got = grads(planned), grads(call_cu)
+    moved = [i for i in range(3) if (call_cu[i], call_cu[i + 1]) != (planned[i], planned[i + 1])]
+    assert moved
+    for i in range(3):
+        rows = slice(planned[i], planned[i + 1])
+        for name, a, b in zip(GRADIENTS[:-1], got, right):
+            if i in moved:
+                assert a[:, rows].isnan().all(), f"sequence {i} moved: its {name} must be NaN"
+            else:
+                assert torch.equal(a[:, rows], b[:, rows]), f"sequence {i}: {name}"
+        assert got[-1][i].isnan().all() if i in moved else torch.equal(got[-1][i], right[-1][i]), f"sequence {i}: dh0"
+
+
 def test_the_fla_drop_in_is_differentiable():
     lengths = [100, 29]
     inputs, initial, d_out, _ = make_case(lengths, 1, 2, 128, torch.bfloat16, False, True, True, False, "kv", 4)

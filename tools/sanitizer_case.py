@@ -78,6 +78,9 @@ def main() -> None:
         grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"),
                                            use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan, per_chunk="kernel")
         assert not grads[2][0, :lengths[0]].isnan().any(), "NaN leaked into sequence 0 (per-chunk gradients kernel)"
+        grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, cu_seqlens=past, plan=plan, state_layout=layout,
+                                           per_chunk="kernel")
+        assert all(x[0, :lengths[0]].isnan().all() for x in grads[:5]), "a plan used with other cu_seqlens (backward)"
     # Decode: every load and tail policy, contiguous and paged (pages of 16 by TMA, of 5 by cp.async), a
     # request split many ways (merged by its last CTA) beside short ones and an empty one, two tokens a request.
     lengths = [3000, 17, 0, 64]

@@ -18,6 +18,20 @@ __device__ __forceinline__ long long state_at(int key, int value) {
     return kKeyMajor ? static_cast<long long>(key) * kHeadDim + value : static_cast<long long>(value) * kHeadDim + key;
 }
 
+// Whether the call's cu_seqlens bound `sequence` otherwise than the plan, whose addresses the kernels use:
+// [sequence_start, end_token) (a plan used for other lengths). None (null) refuses nothing: without cu_seqlens
+// the host checks the plan against the batch's equal lengths. A refused sequence then runs from a NaN state, so
+// what it writes comes out NaN, not finite and wrong.
+__device__ __forceinline__ bool plan_refused(const void* cu_seqlens, long long cu_seqlens_is_int64, int sequence,
+                                             int sequence_start, int end_token) {
+    if (cu_seqlens == nullptr) return false;
+    const long long begin = cu_seqlens_is_int64 ? static_cast<const long long*>(cu_seqlens)[sequence]
+                                                : static_cast<const int*>(cu_seqlens)[sequence];
+    const long long end = cu_seqlens_is_int64 ? static_cast<const long long*>(cu_seqlens)[sequence + 1]
+                                              : static_cast<const int*>(cu_seqlens)[sequence + 1];
+    return begin != sequence_start || end != end_token;
+}
+
 // The decay-bounded shortcut of a segment's summary: the last of the segment's `chunks` chunks (from chunk
 // first_chunk of the plan, whose summed gates gated_delta_rule_kkt wrote to chunk_log_decay, [chunk, v-head])
 // from which head_v's gates to the segment's end sum below `negligible`, or -1 where there is none (always
@@ -217,17 +231,8 @@ struct Recurrence {
         {
             const float* start = nullptr;  // [K, V] as the layout stores it; none: zero (NaN when refused)
             bool key_major = kKeyMajor;
-            // Addresses are the plan's. Where the call's cu_seqlens (absent for a batch of equal lengths, which
-            // the host checks) bound the sequence otherwise (a plan used for other lengths), the segment starts
-            // from a NaN state, so its outputs and its final state come out NaN, not finite and wrong.
-            bool refused = false;
-            if (!kSummary && cu_seqlens != nullptr) {
-                const long long begin = cu_seqlens_is_int64 ? static_cast<const long long*>(cu_seqlens)[sequence]
-                                                            : static_cast<const int*>(cu_seqlens)[sequence];
-                const long long end = cu_seqlens_is_int64 ? static_cast<const long long*>(cu_seqlens)[sequence + 1]
-                                                          : static_cast<const int*>(cu_seqlens)[sequence + 1];
-                refused = begin != segment[kSequenceStart] || end != end_token;
-            }
+            const bool refused = !kSummary && plan_refused(cu_seqlens, cu_seqlens_is_int64, sequence,
+                                                           segment[kSequenceStart], end_token);
             if (!kSummary && !refused) {
                 if (segment[kStartSlot] >= 0) {
                     start = start_states + (static_cast<long long>(segment[kStartSlot]) * heads_v + head_v) * kHeadDim * kHeadDim;

@@ -9,7 +9,8 @@
 // fp32 wgmma accumulators, with a 16-bit copy in shared memory as K dS''s B operand. The sequence runs
 // whole (no split). The chunk before this one loads by cp.async while this one computes; an
 // incomplete chunk's rows past the sequence are zero-filled and never read (has_incomplete_tile=false
-// has no such code). Every gate difference is taken with i <= j, so nothing overflows.
+// has no such code). Every gate difference is taken with i <= j, so nothing overflows. A sequence the call's
+// cu_seqlens bound otherwise than the plan (plan_refused) starts from a NaN dS', so all its gradients come out NaN.
 //
 // Config as for recurrence.cuh. Needs common/ numeric, smem, swizzle, mma, cp_async and wgmma (widths
 // kSliceV, 64 and kHeadDim); gated_delta_rule/tiles.cuh and recurrence.cuh (segment rows, state_at).
@@ -48,7 +49,8 @@ struct Reverse {
 
     __device__ static __forceinline__ void run(const T* __restrict__ q, const T* __restrict__ k, const float* __restrict__ g,
                                                const T* __restrict__ tbeta, const T* __restrict__ d_out,
-                                               const float* __restrict__ d_final_state, const int* __restrict__ segments,
+                                               const float* __restrict__ d_final_state, const void* __restrict__ cu_seqlens,
+                                               long long cu_seqlens_is_int64, const int* __restrict__ segments,
                                                T* __restrict__ d_states, float* __restrict__ d_initial_state,
                                                long long num_heads, long long num_heads_v, float scale) {
         extern __shared__ unsigned char smem_bytes[];
@@ -81,14 +83,15 @@ struct Reverse {
         const int row = 16 * warp + lane / 4, fragment_column = 2 * (lane % 4);
         float ds[kKeyTiles][4];
         {
-            const float* const seed = d_final_state == nullptr
+            const bool refused = plan_refused(cu_seqlens, cu_seqlens_is_int64, sequence, start_token, end_token);
+            const float* const seed = d_final_state == nullptr || refused
                 ? nullptr : d_final_state + (static_cast<long long>(sequence) * heads_v + head_v) * kHeadDim * kHeadDim;
 #pragma unroll
             for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int value = value0 + row + (e / 2) * 8, key = 8 * n + fragment_column + e % 2;
-                    ds[n][e] = seed == nullptr ? 0.f : seed[state_at<kKeyMajor, kHeadDim>(key, value)];
+                    ds[n][e] = seed == nullptr ? (refused ? quiet_nan() : 0.f) : seed[state_at<kKeyMajor, kHeadDim>(key, value)];
                 }
             }
         }

@@ -97,6 +97,8 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
     kernels.reverse.launch((head_dim // plan.value_slice, heads_v, len(plan.segments)), q=q_in.data_ptr(),
                            k=k_in.data_ptr(), g=g.data_ptr(), tbeta=tbeta.data_ptr(), d_out=d_out.data_ptr(),
                            d_final_state=0 if d_final_state is None else d_final_state.data_ptr(),
+                           cu_seqlens=0 if cu_seqlens is None else cu_seqlens.data_ptr(),
+                           cu_seqlens_is_int64=int(cu_seqlens is not None and cu_seqlens.dtype is torch.int64),
                            segments=segments.data_ptr(), d_states=d_states.data_ptr(),
                            d_initial_state=0 if d_initial is None else d_initial.data_ptr(), num_heads=heads,
                            num_heads_v=heads_v, scale=np.float32(scale))

@@ -39,7 +39,7 @@ _GDN_RECURRENCE_PARAMETERS = parameters(
     "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm, float negligible_log_decay")
 _GDN_REVERSE_PARAMETERS = parameters(
     "const T* q, const T* k, const float* g, const T* tbeta, const T* d_out, const float* d_final_state, "
-    "const int* segments, T* d_states, float* d_initial_state, long long num_heads, long long num_heads_v, float scale")
+    "const void* cu_seqlens, long long cu_seqlens_is_int64, const int* segments, T* d_states, float* d_initial_state, long long num_heads, long long num_heads_v, float scale")
 _GDN_GRADS_PARAMETERS = parameters(
     "const T* q, const T* k, const T* v, const float* g, const void* beta, long long beta_is_fp32, const int* chunks, "
     "const T* tbeta, const T* states, const T* d_states, const T* d_out, float* dq, float* dk, T* dv, float* dg, "
