@@ -36,12 +36,14 @@ import bench_gdn_sweep
 import bench_host
 import bench_machinery
 import bench_merge_states
+import bench_quantize_fp8
 
 BENCHMARKS: list[tuple[str, Callable[[Path, argparse.Namespace], list[dict[str, Any]]]]] = [
     ("machinery", bench_machinery.run),
     ("first call", bench_first_call.run),
     ("host", bench_host.run),
     ("merge", bench_merge_states.run),
+    ("quantize fp8", bench_quantize_fp8.run),
     ("attention", bench_attention.run),
     ("attention sweep", bench_attention_sweep.run),
     ("attention kernels", bench_attention_kernels.run),

@@ -13,12 +13,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kgen.config
 import kgen.ops
-from kgen.families import attention_decode, attention_prefill, gated_delta_rule, merge_states
+from kgen.families import attention_decode, attention_prefill, gated_delta_rule, merge_states, quantize_fp8_blockwise
 from kgen.families.attention_decode import planner as decode_planner
 from kgen.families.attention_prefill import planner as prefill_planner
 from kgen.families.gated_delta_rule import recipe as chunk_recipe
 
-OPS = (*merge_states.OPS, *attention_prefill.OPS, *attention_decode.OPS, *gated_delta_rule.OPS)
+OPS = (*merge_states.OPS, *attention_prefill.OPS, *attention_decode.OPS, *gated_delta_rule.OPS, *quantize_fp8_blockwise.OPS)
 
 BF16 = torch.bfloat16
 
@@ -73,6 +73,10 @@ def test_fake_shapes_of_every_op():
                                                  cuda(9, 4, 128, 128, dtype=torch.float32),
                                                  cuda(5, dtype=torch.int32), None, "vk", True)
         assert_like(o, (5, 4, 128), BF16)
+        codes, scales = torch.ops.kgen.quantize_fp8_blockwise(cuda(7, 384), 128)
+        assert_like(codes, (7, 384), torch.float8_e4m3fn)
+        # The scales: [M, K / 128] over MN-major storage, each column block's rows padded to 4 floats.
+        assert scales.shape == (7, 3) and scales.stride() == (1, 8) and scales.dtype == torch.float32
 
 
 def test_public_functions_call_the_ops_while_compiling():
@@ -102,6 +106,9 @@ def test_public_functions_call_the_ops_while_compiling():
         assert final is None
         merged, _ = kgen.ops.merge_attention_states_n(cuda(2, 5, 3, 64), cuda(2, 5, 3, dtype=torch.float32))
         assert_like(merged, (5, 3, 64), BF16)
+        codes, scales = kgen.ops.quantize_fp8_blockwise(cuda(4, 256))
+        assert_like(codes, (4, 256), torch.float8_e4m3fn)
+        assert scales.shape == (4, 2) and scales.stride() == (1, 4)
 
 
 def test_plans_rebuilt_from_their_recipes_are_the_same():
@@ -127,7 +134,7 @@ def test_plans_rebuilt_from_their_recipes_are_the_same():
             (plan.variant, plan.splits, plan.grid, plan.max_seqlen_k), kw
 
 
-@pytest.mark.parametrize("call", ["merge", "merge_n", "varlen", "decode", "step"])
+@pytest.mark.parametrize("call", ["merge", "merge_n", "varlen", "decode", "step", "quantize"])
 def test_tensors_that_require_grad_are_refused(call):
     x = torch.zeros(2, 2, 2, 2, requires_grad=True)
     calls = {
@@ -136,6 +143,7 @@ def test_tensors_that_require_grad_are_refused(call):
         "varlen": lambda: kgen.ops.attention_varlen(x[0], x[0], x[0], None, None),
         "decode": lambda: kgen.ops.attention_decode(x[0], x, x, None),
         "step": lambda: kgen.ops.gated_delta_rule_step(x[0], x[0], x[0], x[0, 0], x[0, 0], x),
+        "quantize": lambda: kgen.ops.quantize_fp8_blockwise(x[0, 0]),
     }
     with pytest.raises(RuntimeError, match="no backward"):
         calls[call]()

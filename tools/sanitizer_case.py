@@ -6,8 +6,8 @@ Attention over a packed batch with tails (each kernel and tail policy, and the n
 whole tiles), neighbours poisoned with NaN/Inf, a plan used with cu_seqlens past the tensors (here and
 for the gated delta rule), decode attention (each load and tail policy, contiguous
 and paged, a request split and merged in the kernel), the gated delta rule's chunked forward (tails, a
-split sequence with its summaries and chain, both layouts, l2norm) and decode step, and both merge
-kernels.
+split sequence with its summaries and chain, both layouts, l2norm), its backward and decode step, both merge
+kernels, and the FP8 block quantization.
 """
 
 import torch
@@ -16,6 +16,7 @@ from kgen import registry
 from kgen.ops import attention_decode, attention_varlen, merge_attention_states, merge_attention_states_n
 from kgen.ops import plan_attention_decode, plan_attention_varlen
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, gated_delta_rule_step, plan_chunk_gated_delta_rule
+from kgen.ops import quantize_fp8_blockwise
 
 
 def main() -> None:
@@ -102,6 +103,10 @@ def main() -> None:
     lse = torch.randn((3, 1000, 4), device="cuda")
     merge_attention_states(v[0], lse[0], v[1], lse[1])
     merge_attention_states_n(v, lse)
+    # Block quantization to FP8: each dtype, rows that fill the warps and rows that do not (both variants).
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for rows in (301, 256):
+            quantize_fp8_blockwise(torch.randn((rows, 640), device="cuda", dtype=dtype))
     torch.cuda.synchronize()
     print("sanitizer case done")
 

@@ -1,0 +1,79 @@
+"""Per-row block quantization to FP8, eagerly: checks, the variant pair, the launch by name."""
+
+from __future__ import annotations
+
+import torch
+
+from kgen.registry import UnsupportedVariantError
+from kgen.runtime.checks import check_dense_rows, check_tensor
+from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, incomplete_tile_pair, launcher, spec_dtypes
+from kgen.families.quantize_fp8_blockwise.contract import BLOCK
+
+FAMILY = "quantize_fp8_blockwise"
+#: The largest finite e4m3 value, and the smallest amax a scale is made from (DeepGEMM's recipe).
+E4M3_MAX, MIN_AMAX = 448.0, 1e-4
+#: The scale tensor's rows (per column block) are padded to this many floats: 16 bytes, as TMA wants.
+SCALE_ROW_ALIGNMENT = 4
+
+_kernels = SpecPathMemo()
+
+
+def _launchers(device_index: int, dtype: torch.dtype):
+    key = (device_index, dtype)
+    found = _kernels.get(key)
+    if found is None:
+        try:
+            variants = incomplete_tile_pair(FAMILY, dtype=DTYPE_NAMES[dtype])
+        except UnsupportedVariantError as exc:  # names the family: name the tensor too
+            raise UnsupportedVariantError(f"x: {exc}") from None
+        sizes = contract(variants[0]).sizes
+        found = _kernels.put(key, (sizes["tile_rows"], sizes["warps"],
+                                   tuple(launcher(v, FAMILY, device_index) for v in variants)))
+    return found
+
+
+def scale_storage_rows(num_rows: int) -> int:
+    """The padded length of each column block's scales in their MN-major storage."""
+    return -(-num_rows // SCALE_ROW_ALIGNMENT) * SCALE_ROW_ALIGNMENT
+
+
+def quantize_fp8_blockwise(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize each row's ``block``-element blocks to FP8 e4m3, with one fp32 scale per block.
+
+    Per row i and block j: ``amax = max |x[i, block j]|``, ``s = max(amax, 1e-4) / 448`` and
+    ``q = e4m3(x * (1 / s))`` rounded to nearest (the product never exceeds 448 but by rounding, which saturates),
+    so ``q.float() * s`` dequantizes with the error of e4m3's 3-bit mantissa. DeepGEMM's recipe, the A side of
+    an FP8 grouped GEMM (:func:`kgen.ops.grouped_gemm` is to come, issue 26).
+
+    Args:
+        x: ``[M, K]`` bf16, fp16 or fp32 (the spec's dtypes), contiguous, on a CUDA device; K a multiple of ``block``.
+        block: columns per scale; 128, the only width built.
+
+    Returns:
+        ``(x_fp8, scales)``: ``x_fp8`` ``[M, K]`` ``torch.float8_e4m3fn``, contiguous; ``scales`` ``[M, K / block]``
+        fp32 as a view of MN-major storage (strides ``(1, M')``, M' = M rounded up to 4), the layout an FP8
+        GEMM's TMA reads the A scales in.
+
+    NaN and Inf: a NaN in a block makes its scale and all its codes NaN; an Inf makes its scale Inf, its finite
+    values 0 and its infinities NaN (so the block dequantizes to NaN, as with torch arithmetic). Rows never mix.
+    No host synchronisation; safe to capture in a CUDA graph.
+    """
+    if block != BLOCK:
+        raise ValueError(f"block: only {BLOCK}-column blocks are built, got {block!r}")
+    check_tensor("x", x, ndim=2, dtypes=spec_dtypes(FAMILY))
+    rows, columns = x.shape
+    if columns % BLOCK:
+        raise ValueError(f"x: the row length K = {columns} must be a multiple of block = {BLOCK}")
+    check_dense_rows("x", x)
+    blocks = columns // BLOCK
+    stride = scale_storage_rows(rows)
+    x_fp8 = x.new_empty((rows, columns), dtype=torch.float8_e4m3fn)
+    scales = x.new_empty((blocks, stride), dtype=torch.float32)[:, :rows].t()
+    if rows == 0 or blocks == 0:
+        return x_fp8, scales
+    tile_rows, warps, (incomplete, full) = _launchers(x.get_device(), x.dtype)
+    items = -(-rows // tile_rows) * blocks  # (row group, column block) per warp
+    kernel = incomplete if rows % tile_rows or items % warps else full
+    kernel.launch(-(-items // warps), x=x.data_ptr(), x_fp8=x_fp8.data_ptr(), scales=scales.data_ptr(),
+                  scales_stride=stride, num_rows=rows, num_blocks=blocks)
+    return x_fp8, scales
