@@ -35,6 +35,7 @@ import bench_gdn_step
 import bench_gdn_sweep
 import bench_host
 import bench_machinery
+import bench_grouped_gemm
 import bench_merge_states
 import bench_quantize_fp8
 
@@ -44,6 +45,7 @@ BENCHMARKS: list[tuple[str, Callable[[Path, argparse.Namespace], list[dict[str, 
     ("host", bench_host.run),
     ("merge", bench_merge_states.run),
     ("quantize fp8", bench_quantize_fp8.run),
+    ("grouped gemm", bench_grouped_gemm.run),
     ("attention", bench_attention.run),
     ("attention sweep", bench_attention_sweep.run),
     ("attention kernels", bench_attention_kernels.run),

@@ -70,6 +70,8 @@ AXIS_VALUE_SCHEMAS: dict[str, dict] = {
     "dtype": {"enum": list(ELEMENT_TYPES)},
     "tile_m": _tile,
     "tile_n": _tile,
+    # The reduction's step (a GEMM's K per pipeline stage).
+    "tile_k": _tile,
     # Powers of two, so that warps split a power-of-two tile evenly.
     "num_warps": {"type": "integer", "enum": [1, 2, 4, 8, 12, 16]},
     # Which tensor-core instructions a kernel is built on (attention: Ampere-style mma.sync, or Hopper's wgmma).

@@ -63,6 +63,7 @@ def calls() -> dict:
             plan=ops.plan_chunk_gated_delta_rule(cu_host, num_heads_v=4)),
         "gated_delta_rule_step": lambda: ops.gated_delta_rule_step(sq, sq, sv, g[0, :3], beta[0, :3], pool),
         "quantize_fp8_blockwise": lambda: ops.quantize_fp8_blockwise(q.view(200, 8 * 128)),
+        "grouped_gemm": lambda: ops.grouped_gemm(q.view(200, 8 * 128), bf16(2, 64, 1024), cu[1:]),
     }
 
 

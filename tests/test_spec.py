@@ -441,7 +441,7 @@ ASSIGNMENT = st.dictionaries(st.sampled_from(AXES + ["bogus"]), AXIS_VALUES, max
 #: Values each axis accepts (a few per axis), to build specs that pass the schema.
 VALID_VALUES = {
     "head_dim": [64, 80, 128, 256], "dtype": ["bf16", "fp16", "fp32"], "tile_m": [16, 64, 128],
-    "tile_n": [32, 64], "num_warps": [1, 4, 8], "min_blocks_per_sm": [1, 2],
+    "tile_n": [32, 64], "tile_k": [16, 32, 64], "num_warps": [1, 4, 8], "min_blocks_per_sm": [1, 2],
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": [1, 2, 4],
     "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"], "kv_layout": ["contiguous", "paged"],
     "kv_load": ["tma", "cp_async"], "stages": [2, 3, 4],
@@ -718,7 +718,7 @@ def test_a_repeated_config_is_refused(tmp_path):
 #: Every value the schema admits for each axis, to build specs of any size up to the largest.
 ALL_VALUES = {
     "head_dim": list(range(8, 513, 8)), "dtype": ["bf16", "fp16", "fp32"], "tile_m": list(range(16, 257, 16)),
-    "tile_n": list(range(16, 257, 16)), "num_warps": [1, 2, 4, 8, 12, 16], "min_blocks_per_sm": list(range(1, 33)),
+    "tile_n": list(range(16, 257, 16)), "tile_k": list(range(16, 257, 16)), "num_warps": [1, 2, 4, 8, 12, 16], "min_blocks_per_sm": list(range(1, 33)),
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": list(range(1, 17)),
     "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"], "kv_layout": ["contiguous", "paged"],
     "kv_load": ["tma", "cp_async"], "stages": [2, 3, 4],

@@ -13,12 +13,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kgen.config
 import kgen.ops
-from kgen.families import attention_decode, attention_prefill, gated_delta_rule, merge_states, quantize_fp8_blockwise
+from kgen.families import (attention_decode, attention_prefill, gated_delta_rule, grouped_gemm, merge_states,
+                           quantize_fp8_blockwise)
 from kgen.families.attention_decode import planner as decode_planner
 from kgen.families.attention_prefill import planner as prefill_planner
 from kgen.families.gated_delta_rule import recipe as chunk_recipe
 
-OPS = (*merge_states.OPS, *attention_prefill.OPS, *attention_decode.OPS, *gated_delta_rule.OPS, *quantize_fp8_blockwise.OPS)
+OPS = (*merge_states.OPS, *attention_prefill.OPS, *attention_decode.OPS, *gated_delta_rule.OPS, *quantize_fp8_blockwise.OPS,
+       *grouped_gemm.OPS)
 
 BF16 = torch.bfloat16
 
@@ -36,7 +38,9 @@ def test_every_op_is_registered():
     assert set(OPS) <= set(dir(torch.ops.kgen))
     schema = str(torch.ops.kgen.gated_delta_rule_step.default._schema)
     assert "Tensor(a5!) state" in schema  # the step declares the state it updates in place
-    for name in set(OPS) - {"gated_delta_rule_step"}:
+    # The grouped GEMM writes into out: rows of no group keep what out held.
+    assert "Tensor(a3!) out" in str(torch.ops.kgen.grouped_gemm.default._schema)
+    for name in set(OPS) - {"gated_delta_rule_step", "grouped_gemm"}:
         assert "!" not in str(getattr(torch.ops.kgen, name).default._schema), name
 
 
@@ -77,6 +81,7 @@ def test_fake_shapes_of_every_op():
         assert_like(codes, (7, 384), torch.float8_e4m3fn)
         # The scales: [M, K / 128] over MN-major storage, each column block's rows padded to 4 floats.
         assert scales.shape == (7, 3) and scales.stride() == (1, 8) and scales.dtype == torch.float32
+        assert torch.ops.kgen.grouped_gemm(cuda(10, 16), cuda(3, 24, 16), cuda(3, dtype=torch.int32), cuda(10, 24)) is None
 
 
 def test_public_functions_call_the_ops_while_compiling():
@@ -109,6 +114,7 @@ def test_public_functions_call_the_ops_while_compiling():
         codes, scales = kgen.ops.quantize_fp8_blockwise(cuda(4, 256))
         assert_like(codes, (4, 256), torch.float8_e4m3fn)
         assert scales.shape == (4, 2) and scales.stride() == (1, 4)
+        assert_like(kgen.ops.grouped_gemm(cuda(10, 16), cuda(3, 24, 16), cuda(3, dtype=torch.int32)), (10, 24), BF16)
 
 
 def test_plans_rebuilt_from_their_recipes_are_the_same():
@@ -134,7 +140,7 @@ def test_plans_rebuilt_from_their_recipes_are_the_same():
             (plan.variant, plan.splits, plan.grid, plan.max_seqlen_k), kw
 
 
-@pytest.mark.parametrize("call", ["merge", "merge_n", "varlen", "decode", "step", "quantize"])
+@pytest.mark.parametrize("call", ["merge", "merge_n", "varlen", "decode", "step", "quantize", "grouped_gemm"])
 def test_tensors_that_require_grad_are_refused(call):
     x = torch.zeros(2, 2, 2, 2, requires_grad=True)
     calls = {
@@ -144,6 +150,7 @@ def test_tensors_that_require_grad_are_refused(call):
         "decode": lambda: kgen.ops.attention_decode(x[0], x, x, None),
         "step": lambda: kgen.ops.gated_delta_rule_step(x[0], x[0], x[0], x[0, 0], x[0, 0], x),
         "quantize": lambda: kgen.ops.quantize_fp8_blockwise(x[0, 0]),
+        "grouped_gemm": lambda: kgen.ops.grouped_gemm(x[0, 0], x[0], x[0, 0, 0]),
     }
     with pytest.raises(RuntimeError, match="no backward"):
         calls[call]()

@@ -7,7 +7,7 @@ whole tiles), neighbours poisoned with NaN/Inf, a plan used with cu_seqlens past
 for the gated delta rule), decode attention (each load and tail policy, contiguous
 and paged, a request split and merged in the kernel), the gated delta rule's chunked forward (tails, a
 split sequence with its summaries and chain, both layouts, l2norm), its backward and decode step, both merge
-kernels, and the FP8 block quantization.
+kernels, the FP8 block quantization and the grouped GEMM.
 """
 
 import torch
@@ -16,7 +16,7 @@ from kgen import registry
 from kgen.ops import attention_decode, attention_varlen, merge_attention_states, merge_attention_states_n
 from kgen.ops import plan_attention_decode, plan_attention_varlen
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, gated_delta_rule_step, plan_chunk_gated_delta_rule
-from kgen.ops import quantize_fp8_blockwise
+from kgen.ops import grouped_gemm, quantize_fp8_blockwise
 
 
 def main() -> None:
@@ -107,6 +107,11 @@ def main() -> None:
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for rows in (301, 256):
             quantize_fp8_blockwise(torch.randn((rows, 640), device="cuda", dtype=dtype))
+    # The grouped GEMM: an empty group, rows of no group, tails of N and K (and whole tiles), offs past the end.
+    for n, k, offs in ((136, 40, [0, 5, 135]), (128, 64, [70, 60, 900])):
+        b = torch.randn((3, n, k), device="cuda", dtype=torch.bfloat16)
+        grouped_gemm(torch.randn((140, k), device="cuda", dtype=torch.bfloat16), b,
+                     torch.tensor(offs, dtype=torch.int32, device="cuda"))
     torch.cuda.synchronize()
     print("sanitizer case done")
 

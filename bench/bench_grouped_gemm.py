@@ -1,0 +1,104 @@
+"""The MoE grouped GEMM (kgen.ops.grouped_gemm, bf16) against torch's grouped GEMM and a dense cuBLAS GEMM of the
+same FLOPs, in one run.
+
+Issue 26's shapes: DeepSeek-V3-like (E = 256, K = 7168, N = 4096 gate+up; K = 2048, N = 7168 down) and
+Qwen3-MoE-like (E = 128, K = 4096, N = 3072; K = 1536, N = 4096), top-8 routing of 4,096 and 32,768 tokens
+(M = tokens x 8), balanced (every expert within one row of M / E) or skewed (Zipf, s = 1.2, over a random
+expert order). Times: bench/common.time_cuda (median, L2 flushed). Peers (benchmarks only): torch's
+``grouped_mm`` (``torch.nn.functional.grouped_mm``, else ``torch._grouped_mm``; its B is [E, K, N], given as
+b's transposed view), and ``torch.mm`` of one dense [M, K] x [K, N], the roofline. kgen's result is checked
+against torch's grouped GEMM (rel RMS) before timing. Bar (issue 26, to resolve): kgen >= 1.0x torch's grouped
+GEMM TFLOP/s at every shape. This kernel is the mma.sync baseline; the wgmma kernel is to come.
+
+    PYTHONPATH=. python3 bench/bench_grouped_gemm.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from common import environment, run_standalone, summary_row, time_cuda, verdict, write_results
+from kgen.ops import grouped_gemm
+
+NAME = "bench_grouped_gemm"
+TOP_K = 8
+#: (model, projection, experts, N, K)
+LAYERS = [("DeepSeek-V3", "gate+up", 256, 4096, 7168), ("DeepSeek-V3", "down", 256, 7168, 2048),
+          ("Qwen3-MoE", "gate+up", 128, 3072, 4096), ("Qwen3-MoE", "down", 128, 4096, 1536)]
+TOKENS = (4096, 32768)
+ROUTINGS = ("balanced", "zipf")
+COLUMNS = [("case", "case", None), ("kgen_tflops", "kgen TFLOP/s", ".0f"), ("torch_tflops", "torch grouped TFLOP/s", ".0f"),
+           ("dense_tflops", "dense mm TFLOP/s", ".0f"), ("over_torch", "kgen / torch grouped", ".2f"),
+           ("over_dense", "kgen / dense", ".2f"), ("rel_rms", "kgen vs torch rel RMS", ".1e"),
+           ("torch_status", "torch grouped", None)]
+
+
+def group_sizes(rows: int, experts: int, routing: str, gen: torch.Generator) -> torch.Tensor:
+    """Rows per expert summing to ``rows``: balanced, or Zipf-skewed over a random order of the experts."""
+    if routing == "balanced":
+        weights = torch.ones(experts, dtype=torch.float64)
+    else:
+        weights = 1.0 / torch.arange(1, experts + 1, dtype=torch.float64) ** 1.2
+        weights = weights[torch.randperm(experts, generator=gen)]
+    sizes = torch.floor(weights / weights.sum() * rows).long()
+    sizes[torch.argsort(weights, descending=True)[: rows - int(sizes.sum())]] += 1  # the remainder, largest first
+    return sizes
+
+
+def torch_grouped() -> tuple[Callable | None, str]:
+    fn = getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    return (fn, "ok") if fn is not None else (None, "unavailable in this torch")
+
+
+def row(layer, tokens: int, routing: str) -> dict[str, Any]:
+    model, projection, experts, n, k = layer
+    rows = tokens * TOP_K
+    gen = torch.Generator().manual_seed(rows + experts)
+    sizes = group_sizes(rows, experts, routing, gen)
+    offs = sizes.cumsum(0).to(torch.int32).cuda()
+    a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    flops = 2.0 * rows * n * k
+    out = grouped_gemm(a, b, offs)
+    result: dict[str, Any] = {"case": f"{model} {projection} {tokens} tokens {routing}"}
+    result["kgen_tflops"] = flops / time_cuda(lambda: grouped_gemm(a, b, offs, out=out), warmup_ms=50, rep_ms=200) / 1e9
+    fn, status = torch_grouped()
+    result["torch_status"] = status
+    if fn is not None:
+        try:
+            want = fn(a, b.transpose(-2, -1), offs=offs)
+            result["rel_rms"] = float((out.float() - want.float()).pow(2).mean().sqrt() / want.float().pow(2).mean().sqrt())
+            result["torch_tflops"] = flops / time_cuda(lambda: fn(a, b.transpose(-2, -1), offs=offs), warmup_ms=50,
+                                                       rep_ms=200) / 1e9
+            result["over_torch"] = result["kgen_tflops"] / result["torch_tflops"]
+        except Exception as exc:  # a peer's failure is reported, not fatal
+            result["torch_status"] = f"failed: {type(exc).__name__}: {exc}"[:200]
+    dense_b = b[0].T.contiguous()  # [K, N]: one GEMM of the same FLOPs
+    result["dense_tflops"] = flops / time_cuda(lambda: torch.mm(a, dense_b), warmup_ms=50, rep_ms=200) / 1e9
+    result["over_dense"] = result["kgen_tflops"] / result["dense_tflops"]
+    return result
+
+
+def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for layer in LAYERS:
+        for tokens in TOKENS:
+            for routing in ROUTINGS:
+                rows.append(row(layer, tokens, routing))
+                print(rows[-1], flush=True)
+                torch.cuda.empty_cache()  # the shape's tensors (up to 15 GB of weights) are gone
+    write_results(out_dir, NAME, "MoE grouped GEMM, bf16", rows, COLUMNS, environment(), notes=[__doc__])
+    return [summary_row("grouped gemm", f"{r['case']}: kgen/torch grouped TFLOP/s", r.get("over_torch"), "x", ">= 1.0",
+                        verdict(r.get("over_torch"), 1.0, True)) for r in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_standalone(__doc__, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,24 @@
+"""Grouped GEMM over experts (mixture of experts): issue 26's family, its first kernel an mma.sync baseline.
+
+Family ``grouped_gemm`` (specs/grouped_gemm.yaml).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kgen.families.grouped_gemm import library, op
+from kgen.runtime.checks import refuse_grad
+
+#: The public ops of this package, for tests that walk every op.
+OPS = ("grouped_gemm",)
+
+
+def grouped_gemm(a, b, offs, *, a_scale=None, b_scale=None, out=None):
+    refuse_grad("grouped_gemm", ("a", "b", "out"), a, b, out)
+    if torch.compiler.is_compiling():
+        return library.grouped_gemm(a, b, offs, a_scale=a_scale, b_scale=b_scale, out=out)
+    return op.grouped_gemm(a, b, offs, a_scale=a_scale, b_scale=b_scale, out=out)
+
+
+grouped_gemm.__doc__ = op.grouped_gemm.__doc__

@@ -1,0 +1,72 @@
+"""kgen.ops.grouped_gemm's argument checks, on the host: every refusal names its argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import kgen.ops
+from kgen.families.grouped_gemm import op
+
+
+@pytest.fixture
+def fake():
+    """CUDA tensors' metadata without a GPU."""
+    with FakeTensorMode() as mode:
+        yield lambda *shape, dtype=torch.bfloat16: torch.empty(shape, dtype=dtype, device="cuda")
+    del mode
+
+
+def test_non_cuda_and_non_tensor_inputs_are_refused_by_name():
+    x = torch.zeros(4, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^a: expected a CUDA tensor"):
+        kgen.ops.grouped_gemm(x, x[None], torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(TypeError, match="^a: expected a torch.Tensor"):
+        kgen.ops.grouped_gemm("a", x[None], torch.zeros(1, dtype=torch.int32))
+
+
+def test_fp8_scales_are_refused_by_name_until_fp8_is_built():
+    x = torch.zeros(4, 8)
+    for name in ("a_scale", "b_scale"):
+        with pytest.raises(ValueError, match=f"^{name}: FP8 inputs with block scales are not built yet"):
+            kgen.ops.grouped_gemm(x, x[None], x[0], **{name: x})
+
+
+@pytest.mark.parametrize("case, message", [
+    ("b dtype", "^b: expected dtype in"),
+    ("b rank", "^b: expected 3 dimensions"),
+    ("b K", r"^b: expected shape \(3, 24, 16\) \(\[E, N, K\] with a's K\)"),
+    ("offs dtype", "^offs: expected dtype in"),
+    ("offs length", r"^offs: expected shape \(3,\) \(\[E\], one end row per expert of b\)"),
+    ("K", "^a: K = 12 must be a multiple of 8"),
+    ("N", "^b: N = 12 must be a multiple of 8"),
+    ("a strided", "^a: expected a contiguous tensor"),
+    ("out shape", r"^out: expected shape \(10, 24\) \(\[M, N\] of a and b\)"),
+    ("out dtype", "^out: expected dtype in"),
+])
+def test_bad_arguments_are_refused_by_name(fake, case, message):
+    a, b, offs = fake(10, 16), fake(3, 24, 16), fake(3, dtype=torch.int32)
+    kwargs = {}
+    if case == "b dtype":
+        b = fake(3, 24, 16, dtype=torch.float16)
+    elif case == "b rank":
+        b = fake(24, 16)
+    elif case == "b K":
+        b = fake(3, 24, 8)
+    elif case == "offs dtype":
+        offs = fake(3, dtype=torch.int64)
+    elif case == "offs length":
+        offs = fake(2, dtype=torch.int32)
+    elif case == "K":
+        a, b = fake(10, 12), fake(3, 24, 12)
+    elif case == "N":
+        b = fake(3, 12, 16)
+    elif case == "a strided":
+        a = fake(16, 10).t()
+    elif case == "out shape":
+        kwargs["out"] = fake(10, 16)
+    elif case == "out dtype":
+        kwargs["out"] = fake(10, 24, dtype=torch.float32)
+    with pytest.raises((TypeError, ValueError), match=message):
+        op.grouped_gemm(a, b, offs, **kwargs)
