@@ -36,7 +36,8 @@ def torch_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The recipe in torch: s = max(amax, 1e-4) / 448, q = e4m3(x * (1 / s)), per row and 128 columns."""
     blocks = x.view(x.shape[0], -1, 128).float()
     amax = blocks.abs().amax(-1, keepdim=True)
-    scale = torch.where(amax.isnan(), amax, amax.clamp_min(1e-4) / 448)
+    # A tensor divisor: torch's CUDA division by a Python number multiplies by its reciprocal instead.
+    scale = torch.where(amax.isnan(), amax, amax.clamp_min(1e-4) / torch.full_like(amax, 448.0))
     codes = (blocks * (1 / scale)).to(torch.float8_e4m3fn)
     return codes.view(x.shape), scale[..., 0]
 

@@ -15,6 +15,7 @@ pytestmark = [
 ]
 
 import kgen.ops  # noqa: E402
+from kgen.families.quantize_fp8_blockwise import op  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 E4M3_MAX, MIN_AMAX, BLOCK = 448.0, 1e-4, 128
@@ -35,11 +36,13 @@ def half_step(y: torch.Tensor) -> torch.Tensor:
                        2.0 ** (torch.floor(torch.log2(magnitude)) - 3)) / 2
 
 
-def poison_the_allocator(size_bytes: int) -> None:
-    """Blocks of the caching allocator the next results will likely reuse, filled with NaN bytes (0xFF: an fp32 NaN,
-    an e4m3 NaN): the op allocates its results, so this is how they start poisoned."""
-    for _ in range(2):
-        torch.empty(size_bytes, dtype=torch.uint8, device="cuda").fill_(0xFF)
+def poisoned_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's launch into results filled with NaN first (0xFF bytes: an e4m3 NaN; NaN scales)."""
+    codes, scales = op.new_results(x)
+    codes.view(torch.uint8).fill_(0xFF)
+    scales.fill_(float("nan"))
+    op.quantize_into(x, codes, scales)
+    return codes, scales
 
 
 def check_against_float64(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
@@ -67,10 +70,18 @@ def test_every_code_and_scale_against_float64(rows, blocks, dtype, magnitude, se
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = (torch.randn(rows, blocks * BLOCK, generator=gen, device="cuda") * magnitude).to(DTYPES[dtype])
     x[rows // 2] = 0  # a zero row: its scales are 1e-4 / 448, its codes 0
-    poison_the_allocator(x.numel() + 4 * rows * blocks + 64)
-    codes, scales = kgen.ops.quantize_fp8_blockwise(x)
+    codes, scales = poisoned_quantize(x)
     check_against_float64(x, codes, scales)
     assert (codes[rows // 2].float() == 0).all()
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("rows, blocks", [(128, 4), (4, 1), (256, 3)])
+def test_rows_and_blocks_that_fill_every_warp_or_not(dtype, rows, blocks):
+    # 128 x 4 and 256 x 3 fill every warp's rows and every block's warps (the variant without bounds checks, for
+    # each dtype); 4 x 1 fills the rows but not the warps.
+    x = torch.randn(rows, blocks * BLOCK, device="cuda").to(DTYPES[dtype])
+    check_against_float64(x, *poisoned_quantize(x))
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))

@@ -46,5 +46,5 @@ def test_a_strided_x_is_refused_by_name():
 
 
 @pytest.mark.parametrize("rows", [0, 1, 3, 4, 5, 1000])
-def test_the_scales_are_an_mn_major_view_padded_to_four_rows(rows):
+def test_each_column_blocks_scales_are_padded_to_four_rows(rows):
     assert op.scale_storage_rows(rows) % 4 == 0 and 0 <= op.scale_storage_rows(rows) - rows < 4

@@ -65,15 +65,26 @@ def quantize_fp8_blockwise(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.T
     if columns % BLOCK:
         raise ValueError(f"x: the row length K = {columns} must be a multiple of block = {BLOCK}")
     check_dense_rows("x", x)
-    blocks = columns // BLOCK
-    stride = scale_storage_rows(rows)
-    x_fp8 = x.new_empty((rows, columns), dtype=torch.float8_e4m3fn)
-    scales = x.new_empty((blocks, stride), dtype=torch.float32)[:, :rows].t()
+    x_fp8, scales = new_results(x)
+    quantize_into(x, x_fp8, scales)
+    return x_fp8, scales
+
+
+def new_results(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised codes and scales for a checked ``x``, laid out as :func:`quantize_fp8_blockwise` returns them."""
+    rows, columns = x.shape
+    # [M, K / 128] over MN-major storage: column block j's scales start at j * M' (M' >= 1 for an empty batch).
+    scales = x.new_empty_strided((rows, columns // BLOCK), (1, max(scale_storage_rows(rows), 1)), dtype=torch.float32)
+    return x.new_empty((rows, columns), dtype=torch.float8_e4m3fn), scales
+
+
+def quantize_into(x: torch.Tensor, x_fp8: torch.Tensor, scales: torch.Tensor) -> None:
+    """The launch, into results made by :func:`new_results` for a checked ``x`` (tests fill them with NaN first)."""
+    rows, blocks = scales.shape
     if rows == 0 or blocks == 0:
-        return x_fp8, scales
+        return
     tile_rows, warps, (incomplete, full) = _launchers(x.get_device(), x.dtype)
     items = -(-rows // tile_rows) * blocks  # (row group, column block) per warp
     kernel = incomplete if rows % tile_rows or items % warps else full
     kernel.launch(-(-items // warps), x=x.data_ptr(), x_fp8=x_fp8.data_ptr(), scales=scales.data_ptr(),
-                  scales_stride=stride, num_rows=rows, num_blocks=blocks)
-    return x_fp8, scales
+                  scales_stride=scales.stride(1), num_rows=rows, num_blocks=blocks)
