@@ -4,32 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from kgen.registry import UnsupportedVariantError
 from kgen.runtime.checks import check_dense_rows, check_tensor
-from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, incomplete_tile_pair, launcher, spec_dtypes
+from kgen.runtime.dispatch import dtype_tile_pair, spec_dtypes
 from kgen.families.quantize_fp8_blockwise.contract import BLOCK
 
 FAMILY = "quantize_fp8_blockwise"
-#: The largest finite e4m3 value, and the smallest amax a scale is made from (DeepGEMM's recipe).
-E4M3_MAX, MIN_AMAX = 448.0, 1e-4
 #: The scale tensor's rows (per column block) are padded to this many floats: 16 bytes, as TMA wants.
 SCALE_ROW_ALIGNMENT = 4
-
-_kernels = SpecPathMemo()
-
-
-def _launchers(device_index: int, dtype: torch.dtype):
-    key = (device_index, dtype)
-    found = _kernels.get(key)
-    if found is None:
-        try:
-            variants = incomplete_tile_pair(FAMILY, dtype=DTYPE_NAMES[dtype])
-        except UnsupportedVariantError as exc:  # names the family: name the tensor too
-            raise UnsupportedVariantError(f"x: {exc}") from None
-        sizes = contract(variants[0]).sizes
-        found = _kernels.put(key, (sizes["tile_rows"], sizes["warps"],
-                                   tuple(launcher(v, FAMILY, device_index) for v in variants)))
-    return found
 
 
 def scale_storage_rows(num_rows: int) -> int:
@@ -83,7 +64,8 @@ def quantize_into(x: torch.Tensor, x_fp8: torch.Tensor, scales: torch.Tensor) ->
     rows, blocks = scales.shape
     if rows == 0 or blocks == 0:
         return
-    tile_rows, warps, (incomplete, full) = _launchers(x.get_device(), x.dtype)
+    sizes, (incomplete, full) = dtype_tile_pair(FAMILY, FAMILY, x.get_device(), x.dtype, "x")
+    tile_rows, warps = sizes["tile_rows"], sizes["warps"]
     items = -(-rows // tile_rows) * blocks  # (row group, column block) per warp
     kernel = incomplete if rows % tile_rows or items % warps else full
     kernel.launch(-(-items // warps), x=x.data_ptr(), x_fp8=x_fp8.data_ptr(), scales=scales.data_ptr(),
