@@ -50,6 +50,7 @@ def calls() -> dict:
     gq, gv = bf16(1, 200, 2, 128), bf16(1, 200, 4, 128)
     g, beta = -torch.rand(1, 200, 4, device="cuda"), torch.rand(1, 200, 4, device="cuda")
     sq, sv, pool = bf16(3, 2, 128), bf16(3, 4, 128), torch.zeros(3, 4, 128, 128, device="cuda")
+    experts_b = bf16(2, 64, 1024)
     return {
         "merge_attention_states": lambda: ops.merge_attention_states(v[0], lse[0], v[1], lse[1]),
         "merge_attention_states_n": lambda: ops.merge_attention_states_n(v, lse),
@@ -63,7 +64,7 @@ def calls() -> dict:
             plan=ops.plan_chunk_gated_delta_rule(cu_host, num_heads_v=4)),
         "gated_delta_rule_step": lambda: ops.gated_delta_rule_step(sq, sq, sv, g[0, :3], beta[0, :3], pool),
         "quantize_fp8_blockwise": lambda: ops.quantize_fp8_blockwise(q.view(200, 8 * 128)),
-        "grouped_gemm": lambda: ops.grouped_gemm(q.view(200, 8 * 128), bf16(2, 64, 1024), cu[1:]),
+        "grouped_gemm": lambda: ops.grouped_gemm(q.view(200, 8 * 128), experts_b, cu[1:]),
     }
 
 

@@ -1,6 +1,8 @@
 """kgen.ops.grouped_gemm on the GPU, every element against float64: random group sizes (0 and 1 rows, sizes that
-are no multiple of the tile), rows of no group poisoned in a and in out and left untouched, N and K tails, NaN
-kept to its group, offs that decrease or pass M, a CUDA graph replayed with new group sizes, torch.compile."""
+are no multiple of the tile), out poisoned with NaN first and its rows of no group left so, N and K tails, each
+variant, NaN kept to its group, offs that decrease or pass M (clamped; that nothing outside a is read is the
+sanitizer case's to check), offsets past 2^31 elements, a CUDA graph replayed with new group sizes,
+torch.compile."""
 
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ def test_every_group_against_float64(sizes, spare, n, k, dtype, seed):
     grouped = sum(sizes)
     rows = grouped + spare
     a = torch.randn(rows, k, generator=gen, device="cuda").to(torch_dtype)
-    a[grouped:] = float("nan")  # rows of no group: never read into a group's result
+    a[grouped:] = float("nan")  # rows of no group: their out rows must stay as they were
     b = torch.randn(len(sizes), n, k, generator=gen, device="cuda").to(torch_dtype)
     offs_host = torch.tensor(sizes).cumsum(0).tolist()
     offs = torch.tensor(offs_host, dtype=torch.int32, device="cuda")
@@ -80,7 +82,7 @@ def test_a_zero_depth_gives_zeros_in_the_groups_rows():
 
 @pytest.mark.parametrize("offs_host", [[300, 100, 450], [100, 900, 950], [-5, 200, 200]],
                          ids=["decreasing", "past-the-end", "negative"])
-def test_hostile_offs_clamp_and_never_read_outside_a(offs_host):
+def test_hostile_offs_are_clamped(offs_host):
     rows, n, k = 400, 64, 128
     a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(3, n, k, device="cuda", dtype=torch.bfloat16)
@@ -89,6 +91,41 @@ def test_hostile_offs_clamp_and_never_read_outside_a(offs_host):
     groups = groups_of(offs_host, rows)
     poisoned = [r for r in range(rows) if not any(s <= r < e for s, e in groups)]
     check(a, b, offs_host, out, poisoned)
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("n, k", [(256, 128), (136, 40)], ids=["whole-tiles", "tails"])
+def test_each_variant(dtype, n, k):
+    # 256 x 128 runs the variant without N and K bounds checks, 136 x 40 the one with them.
+    torch_dtype = DTYPES[dtype][0]
+    sizes = [129, 0, 1, 300]
+    a = torch.randn(sum(sizes) + 3, k, device="cuda").to(torch_dtype)
+    b = torch.randn(len(sizes), n, k, device="cuda").to(torch_dtype)
+    offs_host = torch.tensor(sizes).cumsum(0).tolist()
+    out = torch.full((a.shape[0], n), float("nan"), device="cuda", dtype=torch_dtype)
+    kgen.ops.grouped_gemm(a, b, torch.tensor(offs_host, dtype=torch.int32, device="cuda"), out=out)
+    check(a, b, offs_host, out, range(sum(sizes), a.shape[0]))
+
+
+def test_offsets_past_two_to_the_31_elements():
+    # b holds 9 x 16384 x 16384 elements (4.8 GB): expert 8's weights start past 2^31 elements.
+    experts, n, k = 9, 16384, 16384
+    b = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(3 * experts, k, device="cuda", dtype=torch.bfloat16)
+    offs_host = [3 * (e + 1) for e in range(experts)]
+    out = kgen.ops.grouped_gemm(a, b, torch.tensor(offs_host, dtype=torch.int32, device="cuda"))
+    start = offs_host[-2]
+    x, w = a[start:].double(), b[-1].double()
+    want = x @ w.T
+    bound = DTYPES["bf16"][1] * want.abs() + ACCUMULATION * 4 * (x.abs() @ w.abs().T)  # K = 16384: 4x the slack
+    assert ((out[start:].double() - want).abs() <= bound).all()
+
+
+def test_an_out_that_overlaps_an_input_is_refused_by_name():
+    a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1, 64, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^out: overlaps a in memory"):
+        kgen.ops.grouped_gemm(a, b, torch.tensor([64], dtype=torch.int32, device="cuda"), out=a)
 
 
 def test_nan_stays_in_its_group():

@@ -107,11 +107,13 @@ def main() -> None:
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for rows in (301, 256):
             quantize_fp8_blockwise(torch.randn((rows, 640), device="cuda", dtype=dtype))
-    # The grouped GEMM: an empty group, rows of no group, tails of N and K (and whole tiles), offs past the end.
-    for n, k, offs in ((136, 40, [0, 5, 135]), (128, 64, [70, 60, 900])):
-        b = torch.randn((3, n, k), device="cuda", dtype=torch.bfloat16)
-        grouped_gemm(torch.randn((140, k), device="cuda", dtype=torch.bfloat16), b,
-                     torch.tensor(offs, dtype=torch.int32, device="cuda"))
+    # The grouped GEMM: an empty group, rows of no group, tails of N and K (and whole tiles), a group ending at
+    # a's last row with a K tail (a's last bytes), offs that decrease, are negative or pass the end; both dtypes.
+    for dtype in (torch.bfloat16, torch.float16):
+        for n, k, offs in ((136, 40, [0, 5, 135]), (128, 64, [70, 60, 900]), (136, 40, [-5, 80, 140])):
+            b = torch.randn((3, n, k), device="cuda", dtype=dtype)
+            grouped_gemm(torch.randn((140, k), device="cuda", dtype=dtype), b,
+                         torch.tensor(offs, dtype=torch.int32, device="cuda"))
     torch.cuda.synchronize()
     print("sanitizer case done")
 

@@ -46,6 +46,19 @@ def check_dense_rows(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected a 16-byte aligned data pointer (a view with an odd offset?)")
 
 
+def check_no_overlap(name: str, t: torch.Tensor, **inputs: torch.Tensor) -> None:
+    """A result shares no byte with the inputs (dense tensors) its kernel reads while writing it, in no order
+    between blocks."""
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    for other_name, other in inputs.items():
+        other_start = other.data_ptr()
+        other_end = other_start + other.numel() * other.element_size()
+        if start < other_end and other_start < end and t.numel() and other.numel():
+            raise ValueError(f"{name}: overlaps {other_name} in memory; the kernel reads {other_name} while it writes "
+                             f"{name}")
+
+
 def check_rows(name: str, t: torch.Tensor) -> None:
     """Rows of 16-bit elements that kernels move in 16-byte chunks (cp.async, TMA): the last dimension
     contiguous, every row's start 16-byte aligned."""

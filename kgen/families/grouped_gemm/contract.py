@@ -10,7 +10,7 @@ from kgen.dtypes import ELEMENT_TYPES
 _PARAMETERS = {
     "grouped_gemm": parameters(
         "const T* a, const T* b, const int* offs, T* out, long long num_rows, long long num_n, long long num_k, "
-        "long long num_experts"),
+        "long long num_experts, long long row_tiles, long long column_tiles"),
 }
 
 

@@ -4,30 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from kgen.registry import UnsupportedVariantError
-from kgen.runtime.checks import check_dense_rows, check_shape, check_tensor
-from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, incomplete_tile_pair, launcher, spec_dtypes
+from kgen.runtime.checks import check_dense_rows, check_no_overlap, check_shape, check_tensor
+from kgen.runtime.dispatch import dtype_tile_pair, spec_dtypes
 
 FAMILY = "grouped_gemm"
 #: Rows and K move in 16-byte pieces, and the output in 2-element pairs.
 _K_MULTIPLE, _N_MULTIPLE = 8, 8
-_MAX_COLUMN_TILES = 65535  # the grid's y dimension
-
-_kernels = SpecPathMemo()
-
-
-def _launchers(device_index: int, dtype: torch.dtype):
-    key = (device_index, dtype)
-    found = _kernels.get(key)
-    if found is None:
-        try:
-            variants = incomplete_tile_pair(FAMILY, dtype=DTYPE_NAMES[dtype])
-        except UnsupportedVariantError as exc:  # names the family: name the tensor too
-            raise UnsupportedVariantError(f"a: {exc}") from None
-        sizes = contract(variants[0]).sizes
-        found = _kernels.put(key, (sizes["tile_m"], sizes["tile_n"], sizes["tile_k"],
-                                   tuple(launcher(v, FAMILY, device_index) for v in variants)))
-    return found
+_MAX_BLOCKS = 2**31 - 1  # the grid's x dimension
 
 
 def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, a_scale=None, b_scale=None,
@@ -38,13 +21,15 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, a_scal
         a: ``[M, K]`` bf16 or fp16, contiguous: rows grouped by expert. K a multiple of 8.
         b: ``[E, N, K]``, a's dtype, contiguous: each expert's weight, K contiguous. N a multiple of 8.
         offs: ``[E]`` int32 on a's device: the cumulative end row of each group, as
-            ``torch.nn.functional.grouped_mm`` takes it. Group e holds rows ``[offs[e - 1], offs[e])``
-            (``offs[-1]`` = 0); an expert may have no rows. The kernel reads offs on the device (no host
-            synchronisation; a CUDA graph replays with new group sizes) and clamps it: offs that decrease,
-            or pass M, give groups that are empty or end at M, never reads outside a.
+            ``torch.nn.functional.grouped_mm`` takes it: group e holds rows ``[offs[e - 1], offs[e])`` (from row 0
+            for e = 0); an expert may have no rows. The kernel reads offs on the device (no host synchronisation;
+            a CUDA graph replays with new group sizes). Offs that are not non-decreasing and within [0, M] are
+            clamped, never followed outside a: each group starts where the one before ended and ends at
+            ``offs[e]`` clamped into [its start, M].
         a_scale, b_scale: the FP8 path's block scales; FP8 is not built yet (issue 26), so they must be None.
-        out: optional ``[M, N]`` result, a's dtype, contiguous. Rows of no group (past ``offs[-1]``) are never
-            written: they keep what ``out`` held (undefined for a new result).
+        out: optional ``[M, N]`` result, a's dtype, contiguous, sharing no memory with a or b. Rows of no group
+            (from the last group's end on) are never written: they keep what ``out`` held (undefined for a new
+            result).
 
     Returns:
         ``out``, ``[M, N]`` in a's dtype. Accumulation is fp32; each row depends on its own row of a alone.
@@ -75,15 +60,16 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, a_scal
         out = a.new_empty((rows, columns))
     else:
         check_dense_rows("out", out)
+        check_no_overlap("out", out, a=a, b=b)
     if rows == 0 or columns == 0 or experts == 0:
         return out
-    tile_m, tile_n, tile_k, (incomplete, full) = _launchers(a.get_device(), a.dtype)
-    column_tiles = -(-columns // tile_n)
-    if column_tiles > _MAX_COLUMN_TILES:
-        raise ValueError(f"b: N = {columns} needs {column_tiles} column tiles, more than a grid's {_MAX_COLUMN_TILES}")
+    sizes, (incomplete, full) = dtype_tile_pair(FAMILY, FAMILY, a.get_device(), a.dtype, "a")
     # Every expert's last row tile may be partial: the row tiles number at most ceil(M / tile_m) + E.
-    row_tiles = -(-rows // tile_m) + experts
-    kernel = incomplete if columns % tile_n or depth % tile_k else full
-    kernel.launch((row_tiles, column_tiles), a=a.data_ptr(), b=b.data_ptr(), offs=offs.data_ptr(), out=out.data_ptr(),
-                  num_rows=rows, num_n=columns, num_k=depth, num_experts=experts)
+    row_tiles, column_tiles = -(-rows // sizes["tile_m"]) + experts, -(-columns // sizes["tile_n"])
+    if row_tiles * column_tiles > _MAX_BLOCKS:
+        raise ValueError(f"a: {row_tiles} row tiles x {column_tiles} column tiles exceed a grid's {_MAX_BLOCKS} blocks")
+    kernel = incomplete if columns % sizes["tile_n"] or depth % sizes["tile_k"] else full
+    kernel.launch(row_tiles * column_tiles, a=a.data_ptr(), b=b.data_ptr(), offs=offs.data_ptr(), out=out.data_ptr(),
+                  num_rows=rows, num_n=columns, num_k=depth, num_experts=experts, row_tiles=row_tiles,
+                  column_tiles=column_tiles)
     return out
