@@ -91,6 +91,9 @@ AXIS_VALUE_SCHEMAS: dict[str, dict] = {
     "kv_layout": {"enum": ["contiguous", "paged"]},
     # How whole K/V tiles reach shared memory: TMA boxes, or cp.async gathers (any page size).
     "kv_load": {"enum": ["tma", "cp_async"]},
+    # What a GEMM does with its accumulators: store them, or SwiGLU (silu(gate) * up of two products), also
+    # quantized to FP8 e4m3 in 1 x 128 blocks.
+    "epilogue": {"enum": ["none", "swiglu", "swiglu_quantize"]},
     # Tiles in flight or ready per pipeline (per warp, or per block).
     "stages": {"type": "integer", "minimum": 2, "maximum": 8},
 }

@@ -65,6 +65,7 @@ def calls() -> dict:
         "gated_delta_rule_step": lambda: ops.gated_delta_rule_step(sq, sq, sv, g[0, :3], beta[0, :3], pool),
         "quantize_fp8_blockwise": lambda: ops.quantize_fp8_blockwise(q.view(200, 8 * 128)),
         "grouped_gemm": lambda: ops.grouped_gemm(q.view(200, 8 * 128), experts_b, cu[1:]),
+        "grouped_gemm_swiglu": lambda: ops.grouped_gemm_swiglu(q.view(200, 8 * 128), experts_b, cu[1:]),
     }
 
 

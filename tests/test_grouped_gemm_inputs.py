@@ -70,3 +70,13 @@ def test_bad_arguments_are_refused_by_name(fake, case, message):
         kwargs["out"] = fake(10, 24, dtype=torch.float32)
     with pytest.raises((TypeError, ValueError), match=message):
         op.grouped_gemm(a, b, offs, **kwargs)
+
+
+@pytest.mark.parametrize("rows, quantize_out, message", [
+    (47, False, r"^b_gate_up: expected shape \(3, 46, 16\) \(\[E, 2I, K\] with a's K: gate rows, then up rows\)"),
+    (44, False, "^b_gate_up: I = 22 must be a multiple of 8"),
+    (48, True, "^b_gate_up: quantize_out needs I = 24 to be a multiple of 128"),
+])
+def test_swiglu_refuses_bad_gate_up_weights_by_name(fake, rows, quantize_out, message):
+    with pytest.raises(ValueError, match=message):
+        op.grouped_gemm_swiglu(fake(10, 16), fake(3, rows, 16), fake(3, dtype=torch.int32), quantize_out=quantize_out)

@@ -444,7 +444,7 @@ VALID_VALUES = {
     "tile_n": [32, 64], "tile_k": [16, 32, 64], "num_warps": [1, 4, 8], "min_blocks_per_sm": [1, 2],
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": [1, 2, 4],
     "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"], "kv_layout": ["contiguous", "paged"],
-    "kv_load": ["tma", "cp_async"], "stages": [2, 3, 4],
+    "kv_load": ["tma", "cp_async"], "stages": [2, 3, 4], "epilogue": ["none", "swiglu", "swiglu_quantize"],
 }
 assert set(VALID_VALUES) == set(AXES)
 
@@ -721,7 +721,7 @@ ALL_VALUES = {
     "tile_n": list(range(16, 257, 16)), "tile_k": list(range(16, 257, 16)), "num_warps": [1, 2, 4, 8, 12, 16], "min_blocks_per_sm": list(range(1, 33)),
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": list(range(1, 17)),
     "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"], "kv_layout": ["contiguous", "paged"],
-    "kv_load": ["tma", "cp_async"], "stages": [2, 3, 4],
+    "kv_load": ["tma", "cp_async"], "stages": [2, 3, 4], "epilogue": ["none", "swiglu", "swiglu_quantize"],
 }
 assert set(ALL_VALUES) == set(AXES)
 

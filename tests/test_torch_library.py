@@ -38,9 +38,11 @@ def test_every_op_is_registered():
     assert set(OPS) <= set(dir(torch.ops.kgen))
     schema = str(torch.ops.kgen.gated_delta_rule_step.default._schema)
     assert "Tensor(a5!) state" in schema  # the step declares the state it updates in place
-    # The grouped GEMM writes into out: rows of no group keep what out held.
-    assert "Tensor(a3!) out" in str(torch.ops.kgen.grouped_gemm.default._schema)
-    for name in set(OPS) - {"gated_delta_rule_step", "grouped_gemm"}:
+    # The grouped GEMMs write into their results: rows of no group keep what they held.
+    grouped = {"grouped_gemm", "grouped_gemm_swiglu", "grouped_gemm_swiglu_quantize"}
+    for name in grouped:
+        assert "Tensor(a3!) out" in str(getattr(torch.ops.kgen, name).default._schema), name
+    for name in set(OPS) - {"gated_delta_rule_step"} - grouped:
         assert "!" not in str(getattr(torch.ops.kgen, name).default._schema), name
 
 
@@ -82,6 +84,8 @@ def test_fake_shapes_of_every_op():
         # The scales: [M, K / 128] over MN-major storage, each column block's rows padded to 4 floats.
         assert scales.shape == (7, 3) and scales.stride() == (1, 8) and scales.dtype == torch.float32
         assert torch.ops.kgen.grouped_gemm(cuda(10, 16), cuda(3, 24, 16), cuda(3, dtype=torch.int32), cuda(10, 24)) is None
+        assert torch.ops.kgen.grouped_gemm_swiglu(cuda(10, 16), cuda(3, 48, 16), cuda(3, dtype=torch.int32),
+                                                  cuda(10, 24)) is None
 
 
 def test_public_functions_call_the_ops_while_compiling():
@@ -115,6 +119,11 @@ def test_public_functions_call_the_ops_while_compiling():
         assert_like(codes, (4, 256), torch.float8_e4m3fn)
         assert scales.shape == (4, 2) and scales.stride() == (1, 4)
         assert_like(kgen.ops.grouped_gemm(cuda(10, 16), cuda(3, 24, 16), cuda(3, dtype=torch.int32)), (10, 24), BF16)
+        assert_like(kgen.ops.grouped_gemm_swiglu(cuda(10, 16), cuda(3, 48, 16), cuda(3, dtype=torch.int32)), (10, 24), BF16)
+        out, codes, scales = kgen.ops.grouped_gemm_swiglu(cuda(10, 16), cuda(3, 256, 16), cuda(3, dtype=torch.int32),
+                                                          quantize_out=True)
+        assert_like(out, (10, 128), BF16), assert_like(codes, (10, 128), torch.float8_e4m3fn)
+        assert scales.shape == (10, 1) and scales.stride() == (1, 12)
 
 
 def test_plans_rebuilt_from_their_recipes_are_the_same():
@@ -140,7 +149,7 @@ def test_plans_rebuilt_from_their_recipes_are_the_same():
             (plan.variant, plan.splits, plan.grid, plan.max_seqlen_k), kw
 
 
-@pytest.mark.parametrize("call", ["merge", "merge_n", "varlen", "decode", "step", "quantize", "grouped_gemm"])
+@pytest.mark.parametrize("call", ["merge", "merge_n", "varlen", "decode", "step", "quantize", "grouped_gemm", "swiglu"])
 def test_tensors_that_require_grad_are_refused(call):
     x = torch.zeros(2, 2, 2, 2, requires_grad=True)
     calls = {
@@ -151,6 +160,7 @@ def test_tensors_that_require_grad_are_refused(call):
         "step": lambda: kgen.ops.gated_delta_rule_step(x[0], x[0], x[0], x[0, 0], x[0, 0], x),
         "quantize": lambda: kgen.ops.quantize_fp8_blockwise(x[0, 0]),
         "grouped_gemm": lambda: kgen.ops.grouped_gemm(x[0, 0], x[0], x[0, 0, 0]),
+        "swiglu": lambda: kgen.ops.grouped_gemm_swiglu(x[0, 0], x[0], x[0, 0, 0]),
     }
     with pytest.raises(RuntimeError, match="no backward"):
         calls[call]()

@@ -7,7 +7,7 @@ whole tiles), neighbours poisoned with NaN/Inf, a plan used with cu_seqlens past
 for the gated delta rule), decode attention (each load and tail policy, contiguous
 and paged, a request split and merged in the kernel), the gated delta rule's chunked forward (tails, a
 split sequence with its summaries and chain, both layouts, l2norm), its backward and decode step, both merge
-kernels, the FP8 block quantization and the grouped GEMM.
+kernels, the FP8 block quantization and the grouped GEMMs (plain and SwiGLU).
 """
 
 import torch
@@ -16,7 +16,7 @@ from kgen import registry
 from kgen.ops import attention_decode, attention_varlen, merge_attention_states, merge_attention_states_n
 from kgen.ops import plan_attention_decode, plan_attention_varlen
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, gated_delta_rule_step, plan_chunk_gated_delta_rule
-from kgen.ops import grouped_gemm, quantize_fp8_blockwise
+from kgen.ops import grouped_gemm, grouped_gemm_swiglu, quantize_fp8_blockwise
 
 
 def main() -> None:
@@ -114,6 +114,11 @@ def main() -> None:
             b = torch.randn((3, n, k), device="cuda", dtype=dtype)
             grouped_gemm(torch.randn((140, k), device="cuda", dtype=dtype), b,
                          torch.tensor(offs, dtype=torch.int32, device="cuda"))
+    # Its SwiGLU epilogues: plain with tails, quantized on whole 128-column blocks, rows of no group.
+    offs = torch.tensor([0, 70, 135], dtype=torch.int32, device="cuda")
+    for n, k, quantize_out in ((136, 40, False), (256, 64, True), (128, 40, True)):
+        grouped_gemm_swiglu(torch.randn((140, k), device="cuda", dtype=torch.bfloat16),
+                            torch.randn((3, 2 * n, k), device="cuda", dtype=torch.bfloat16), offs, quantize_out=quantize_out)
     torch.cuda.synchronize()
     print("sanitizer case done")
 

@@ -69,16 +69,16 @@ def cached_launcher(variant: Variant, entry: str, device_index: int) -> KernelLa
     return found if found is not None else _launchers.put(key, launcher(variant, entry, device_index))
 
 
-def dtype_tile_pair(family: str, entry: str, device_index: int, dtype: torch.dtype, tensor: str
-                    ) -> tuple[Any, tuple[KernelLauncher, KernelLauncher]]:
-    """For a family whose variants differ by dtype alone (besides has_incomplete_tile): the contract sizes of
-    ``dtype``'s variants and their (any tiles, full tiles) launchers of ``entry``, made once per device. A dtype
-    the spec path lacks is refused naming ``tensor``, the argument that carries it."""
-    key = (family, entry, device_index, dtype)
+def tile_pair_launchers(family: str, entry: str, device_index: int, tensor: str, **required: Any
+                        ) -> tuple[Any, tuple[KernelLauncher, KernelLauncher]]:
+    """The contract sizes of the variants ``required`` selects (with has_incomplete_tile true and false) and their
+    (any tiles, full tiles) launchers of ``entry``, made once per device. Axis values the spec path lacks are
+    refused naming ``tensor``, the argument that asked for them."""
+    key = (family, entry, device_index, tuple(sorted(required.items())))
     found = _pairs.get(key)
     if found is None:
         try:
-            variants = incomplete_tile_pair(family, dtype=DTYPE_NAMES[dtype])
+            variants = incomplete_tile_pair(family, **required)
         except registry_module.UnsupportedVariantError as exc:  # names the family: name the tensor too
             raise registry_module.UnsupportedVariantError(f"{tensor}: {exc}") from None
         found = _pairs.put(key, (contract(variants[0]).sizes, tuple(launcher(v, entry, device_index) for v in variants)))

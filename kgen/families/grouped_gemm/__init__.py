@@ -1,4 +1,5 @@
-"""Grouped GEMM over experts (mixture of experts): issue 26's family, its first kernel an mma.sync baseline.
+"""Grouped GEMMs over experts (mixture of experts), plain and with a fused SwiGLU (and FP8) epilogue: issue 26's
+family, its first kernel an mma.sync baseline.
 
 Family ``grouped_gemm`` (specs/grouped_gemm.yaml).
 """
@@ -11,7 +12,7 @@ from kgen.families.grouped_gemm import library, op
 from kgen.runtime.checks import refuse_grad
 
 #: The public ops of this package, for tests that walk every op.
-OPS = ("grouped_gemm",)
+OPS = ("grouped_gemm", "grouped_gemm_swiglu", "grouped_gemm_swiglu_quantize")
 
 
 def grouped_gemm(a, b, offs, *, a_scale=None, b_scale=None, out=None):
@@ -21,4 +22,12 @@ def grouped_gemm(a, b, offs, *, a_scale=None, b_scale=None, out=None):
     return op.grouped_gemm(a, b, offs, a_scale=a_scale, b_scale=b_scale, out=out)
 
 
+def grouped_gemm_swiglu(a, b_gate_up, offs, *, out=None, quantize_out=False):
+    refuse_grad("grouped_gemm_swiglu", ("a", "b_gate_up", "out"), a, b_gate_up, out)
+    if torch.compiler.is_compiling():
+        return library.grouped_gemm_swiglu(a, b_gate_up, offs, out=out, quantize_out=quantize_out)
+    return op.grouped_gemm_swiglu(a, b_gate_up, offs, out=out, quantize_out=quantize_out)
+
+
 grouped_gemm.__doc__ = op.grouped_gemm.__doc__
+grouped_gemm_swiglu.__doc__ = op.grouped_gemm_swiglu.__doc__

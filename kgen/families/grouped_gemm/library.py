@@ -1,10 +1,11 @@
-"""The grouped GEMM as a torch.library custom op (``torch.ops.kgen.grouped_gemm``), for torch.compile.
+"""The grouped GEMMs as torch.library custom ops (``torch.ops.kgen.grouped_gemm``, ``grouped_gemm_swiglu`` and
+``grouped_gemm_swiglu_quantize``), for torch.compile.
 
-The op writes into ``out`` (declared mutated): rows of no group keep what ``out`` held, so a fresh copy could
-not stand for it.
+The ops write into their results (declared mutated): rows of no group keep what the results held, so a fresh
+copy could not stand for them.
 """
 
-# No `from __future__ import annotations`: torch.library reads the op's schema from real annotations.
+# No `from __future__ import annotations`: torch.library reads the ops' schemas from real annotations.
 import torch
 from torch import Tensor
 from torch.library import custom_op
@@ -17,9 +18,20 @@ def _grouped_gemm(a: Tensor, b: Tensor, offs: Tensor, out: Tensor) -> None:
     op.grouped_gemm(a, b, offs, out=out)
 
 
-@_grouped_gemm.register_fake
-def _(a, b, offs, out):
-    return None
+@custom_op("kgen::grouped_gemm_swiglu", mutates_args=("out",))
+def _grouped_gemm_swiglu(a: Tensor, b_gate_up: Tensor, offs: Tensor, out: Tensor) -> None:
+    op.grouped_gemm_swiglu(a, b_gate_up, offs, out=out)
+
+
+@custom_op("kgen::grouped_gemm_swiglu_quantize", mutates_args=("out", "out_fp8", "scales"))
+def _grouped_gemm_swiglu_quantize(a: Tensor, b_gate_up: Tensor, offs: Tensor, out: Tensor, out_fp8: Tensor,
+                                  scales: Tensor) -> None:
+    op.checked_swiglu(a, b_gate_up, offs, out, True)
+    op.quantized_swiglu_into(a, b_gate_up, offs, out, out_fp8, scales)
+
+
+for _op in (_grouped_gemm, _grouped_gemm_swiglu, _grouped_gemm_swiglu_quantize):
+    _op.register_fake(lambda *args: None)
 
 
 def grouped_gemm(a, b, offs, *, a_scale=None, b_scale=None, out=None):
@@ -29,3 +41,14 @@ def grouped_gemm(a, b, offs, *, a_scale=None, b_scale=None, out=None):
         out = a.new_empty((a.shape[0], b.shape[1]))
     torch.ops.kgen.grouped_gemm(a, b, offs, out)
     return out
+
+
+def grouped_gemm_swiglu(a, b_gate_up, offs, *, out=None, quantize_out=False):
+    if out is None:
+        out = a.new_empty((a.shape[0], b_gate_up.shape[1] // 2))
+    if not quantize_out:
+        torch.ops.kgen.grouped_gemm_swiglu(a, b_gate_up, offs, out)
+        return out
+    out_fp8, scales = op.new_fp8_results(out)
+    torch.ops.kgen.grouped_gemm_swiglu_quantize(a, b_gate_up, offs, out, out_fp8, scales)
+    return out, out_fp8, scales

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kgen.runtime.checks import check_dense_rows, check_tensor
-from kgen.runtime.dispatch import dtype_tile_pair, spec_dtypes
+from kgen.runtime.dispatch import DTYPE_NAMES, spec_dtypes, tile_pair_launchers
 from kgen.families.quantize_fp8_blockwise.contract import BLOCK
 
 FAMILY = "quantize_fp8_blockwise"
@@ -64,7 +64,7 @@ def quantize_into(x: torch.Tensor, x_fp8: torch.Tensor, scales: torch.Tensor) ->
     rows, blocks = scales.shape
     if rows == 0 or blocks == 0:
         return
-    sizes, (incomplete, full) = dtype_tile_pair(FAMILY, FAMILY, x.get_device(), x.dtype, "x")
+    sizes, (incomplete, full) = tile_pair_launchers(FAMILY, FAMILY, x.get_device(), "x", dtype=DTYPE_NAMES[x.dtype])
     tile_rows, warps = sizes["tile_rows"], sizes["warps"]
     items = -(-rows // tile_rows) * blocks  # (row group, column block) per warp
     kernel = incomplete if rows % tile_rows or items % warps else full

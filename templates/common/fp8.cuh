@@ -1,0 +1,23 @@
+// FP8 e4m3 block quantization (DeepGEMM's recipe): s = max(amax, 1e-4) / 448 per block, q = e4m3_rn_satfinite(x / s)
+// by x * (1 / s). A NaN in a block propagates to its amax (max_keeping_nan), its scale and its codes.
+// Included into rendered sources with Jinja; the raw block keeps Jinja away from the asm operand lists.
+{% raw %}
+namespace kgen {
+
+constexpr float kE4m3Max = 448.f, kMinAmax = 1e-4f;
+
+// max that keeps a NaN from either side (fmaxf drops it).
+__device__ __forceinline__ float max_keeping_nan(float a, float b) { return a != a || a > b ? a : b; }
+
+// A block's scale from its amax (NaN stays NaN).
+__device__ __forceinline__ float e4m3_scale(float amax) { return amax != amax ? amax : fmaxf(amax, kMinAmax) / kE4m3Max; }
+
+// Two floats as two e4m3 codes, `lo` in the lower byte (the lower address); the second source lands in the low byte.
+__device__ __forceinline__ unsigned short to_e4m3x2(float lo, float hi) {
+    unsigned short out;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
+    return out;
+}
+
+}  // namespace kgen
+{% endraw %}
