@@ -18,6 +18,7 @@ pytestmark = [
 ]
 
 import kgen.ops  # noqa: E402
+from test_grouped_gemm_gpu import groups_of  # noqa: E402
 
 #: Each dtype, its unit roundoff, and half its smallest subnormal (the absolute rounding error of a result that
 #: underflows: silu(g) is about g * exp(g) for negative g, so fp16 outputs reach its subnormals at g near -20).
@@ -29,16 +30,6 @@ FP32_UNDERFLOW = 2.0 ** -120
 #: The largest |silu''| (at g = 0): how much silu's slope can change across g's accumulation error.
 SILU_CURVATURE = 0.5
 SIZES = [0, 1, 7, 64, 127, 128, 129, 300]
-
-
-def groups_of(offs: list[int], rows: int) -> list[tuple[int, int]]:
-    """Each expert's rows as the kernel reads offs: [end of the previous group, offs[e]), clamped into [start, rows]."""
-    out, start = [], 0
-    for end in offs:
-        end = min(max(end, start), rows)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
