@@ -12,8 +12,10 @@ checked against torch's grouped GEMM first: a rel RMS above 1e-2 makes the row's
 to resolve): kgen >= 1.0x torch's grouped GEMM TFLOP/s at every shape. For the gate+up layers also the fused
 SwiGLU with FP8 output (``grouped_gemm_swiglu(..., quantize_out=True)``, b_gate_up [E, 2I, K] stacked) against the
 unfused path (torch's grouped GEMM, ``silu(gate) * up`` in torch, then ``kgen.ops.quantize_fp8_blockwise``), its
-result checked against the unfused one's; bar: fused <= 0.85x the unfused time. This kernel is the mma.sync
-baseline; the wgmma kernel is to come.
+result checked against the unfused one's; bar: fused <= 0.85x the unfused time. Decode (masked layout, 64 and 256
+tokens, each choosing 8 distinct experts at random; M_max the most tokens an expert got), CUDA-graph replays,
+against the time to read the selected experts' weights at the copy bandwidth this run measures (a 2 GB device
+copy); bar: within 10% of it. This kernel is the mma.sync baseline; the wgmma kernel is to come.
 
     PYTHONPATH=. python3 bench/bench_grouped_gemm.py [--out DIR]
 """
@@ -26,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from common import environment, run_standalone, summary_row, time_cuda, verdict, write_results
+from common import environment, run_standalone, summary_row, time_cuda, time_graph, verdict, write_results
 from kgen.ops import grouped_gemm, grouped_gemm_swiglu, quantize_fp8_blockwise
 
 NAME = "bench_grouped_gemm"
@@ -36,6 +38,7 @@ LAYERS = [("DeepSeek-V3", "gate+up", 256, 4096, 7168), ("DeepSeek-V3", "down", 2
           ("Qwen3-MoE", "gate+up", 128, 3072, 4096), ("Qwen3-MoE", "down", 128, 4096, 1536)]
 TOKENS = (4096, 32768)
 ROUTINGS = ("balanced", "zipf")
+DECODE_TOKENS = (64, 256)
 #: kgen against torch's grouped GEMM: both bf16 out of fp32 accumulation, so a few 1e-3 at most.
 AGREEMENT = 1e-2
 COLUMNS = [("case", "case", None), ("kgen_tflops", "kgen TFLOP/s", ".0f"), ("torch_tflops", "torch grouped TFLOP/s", ".0f"),
@@ -43,7 +46,8 @@ COLUMNS = [("case", "case", None), ("kgen_tflops", "kgen TFLOP/s", ".0f"), ("tor
            ("over_dense", "kgen / dense", ".2f"), ("rel_rms", "kgen vs torch rel RMS", ".1e"),
            ("swiglu_ms", "fused SwiGLU+FP8 ms", ".3f"), ("unfused_ms", "unfused ms", ".3f"),
            ("fused_over_unfused", "fused / unfused time", ".2f"), ("swiglu_rel_rms", "fused vs unfused rel RMS", ".1e"),
-           ("torch_status", "torch grouped", None)]
+           ("decode_us", "decode us", ".1f"), ("weights_floor_us", "weights at copy bandwidth us", ".1f"),
+           ("over_floor", "decode / weights floor", ".2f"), ("torch_status", "torch grouped", None)]
 
 
 def group_sizes(rows: int, experts: int, routing: str, gen: torch.Generator) -> torch.Tensor:
@@ -118,8 +122,39 @@ def swiglu_columns(a: torch.Tensor, b_gate_up: torch.Tensor, offs: torch.Tensor)
             "swiglu_rel_rms": rel_rms(out, want)}
 
 
+def copy_bandwidth() -> float:
+    """Bytes a second a device copy moves (read + written), over 2 GB."""
+    source = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    return 2 * source.numel() / (time_graph(lambda: target.copy_(source), replays_per_sample=10) / 1e3)
+
+
+def decode_row(layer, tokens: int, bandwidth: float) -> dict[str, Any]:
+    model, projection, experts, n, k = layer
+    gen = torch.Generator().manual_seed(tokens + experts)
+    chosen = torch.stack([torch.randperm(experts, generator=gen)[:TOP_K] for _ in range(tokens)])
+    counts = torch.bincount(chosen.flatten(), minlength=experts)
+    m_max = int(counts.max())
+    a = torch.randn(experts, m_max, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    masked_m = counts.to(torch.int32).cuda()
+    out = grouped_gemm(a, b, masked_m=masked_m)
+    rows = torch.arange(m_max, device="cuda")[None, :] < masked_m[:, None]
+    want = torch.bmm(a, b.transpose(1, 2))
+    decode_ms = time_graph(lambda: grouped_gemm(a, b, masked_m=masked_m, out=out))
+    floor_ms = int((counts > 0).sum()) * n * k * b.element_size() / bandwidth * 1e3
+    return {"case": f"{model} {projection} decode {tokens} tokens (masked)", "rel_rms": rel_rms(out[rows], want[rows]),
+            "decode_us": decode_ms * 1e3, "weights_floor_us": floor_ms * 1e3, "over_floor": decode_ms / floor_ms}
+
+
 def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
+    bandwidth = copy_bandwidth()
+    for layer in LAYERS:
+        for tokens in DECODE_TOKENS:
+            rows.append(decode_row(layer, tokens, bandwidth))
+            print(rows[-1], flush=True)
+            torch.cuda.empty_cache()
     for layer in LAYERS:
         for tokens in TOKENS:
             for routing in ROUTINGS:
@@ -129,7 +164,10 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
     write_results(out_dir, NAME, "MoE grouped GEMM, bf16", rows, COLUMNS, environment(), notes=[__doc__])
     summary = [summary_row("grouped gemm", f"{r['case']}: kgen/torch grouped TFLOP/s", r.get("over_torch"), "x",
                            ">= 1.0", "WRONG" if r.get("rel_rms", 0.0) > AGREEMENT else verdict(r.get("over_torch"), 1.0, True))
-               for r in rows]
+               for r in rows if "over_floor" not in r]
+    summary += [summary_row("grouped gemm", f"{r['case']}: time / selected weights at copy bandwidth", r["over_floor"],
+                            "x", "<= 1.10", "WRONG" if r["rel_rms"] > AGREEMENT else verdict(r["over_floor"], 1.10, False))
+                for r in rows if "over_floor" in r]
     # The unfused path rounds gate and up to bf16 first: the two bf16 results agree to a few 1e-3.
     summary += [summary_row("grouped gemm", f"{r['case']}: fused SwiGLU+FP8 / unfused time", r["fused_over_unfused"],
                             "x", "<= 0.85", "WRONG" if r["swiglu_rel_rms"] > AGREEMENT else verdict(r["fused_over_unfused"],

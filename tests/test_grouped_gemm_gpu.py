@@ -147,6 +147,42 @@ def test_nan_stays_in_its_group():
     assert torch.equal(got[260:, keep], clean[260:, keep])
 
 
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_the_masked_layout_in_a_graph_replayed_with_new_masked_m(swiglu):
+    # DeepGEMM's masked layout for decode: a [E, M_max, K], expert e's first masked_m[e] rows. The grid depends on
+    # M_max alone: a graph captured once serves new masked_m (clamped into [0, M_max]); the other rows stay NaN.
+    experts, m_max, n, k = 5, 150, 136, 64
+    a = torch.randn(experts, m_max, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(experts, 2 * n if swiglu else n, k, device="cuda", dtype=torch.bfloat16)
+    masked_m = torch.tensor([3, 0, 150, 129, 1], dtype=torch.int32, device="cuda")
+    out = torch.full((experts, m_max, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    call = kgen.ops.grouped_gemm_swiglu if swiglu else kgen.ops.grouped_gemm
+    call(a, b, masked_m=masked_m, out=out)  # warm: the kernel loaded before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(a, b, masked_m=masked_m, out=out)
+    masked_m.copy_(torch.tensor([0, 77, 200, -4, 128], dtype=torch.int32))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for e, rows in enumerate([0, 77, 150, 0, 128]):
+        assert out[e, rows:].isnan().all(), f"expert {e}: rows past masked_m must stay untouched"
+        if rows == 0:
+            continue
+        x, w = a[e, :rows].double(), b[e].double()
+        got = out[e, :rows].double()
+        if swiglu:  # within the bf16 rounding of silu(g) * u and a small share of the products' magnitudes
+            products = x @ w.T
+            want = torch.nn.functional.silu(products[:, :n]) * products[:, n:]
+            magnitudes = x.abs() @ w.abs().T  # bounds g's and u's accumulation errors, carried through silu(g) u
+            sums = torch.maximum(magnitudes[:, :n], magnitudes[:, n:])
+            slack = ACCUMULATION * 8 * sums * (1 + products[:, :n].abs() + products[:, n:].abs())
+            assert ((got - want).abs() <= DTYPES["bf16"][1] * want.abs() + slack).all(), f"expert {e}"
+        else:
+            check(a[e], b[e:e + 1], [rows], out[e], range(rows, m_max))
+
+
 def test_a_graph_replays_with_new_group_sizes_and_compile_matches_eager():
     rows, n, k = 700, 256, 128
     a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)

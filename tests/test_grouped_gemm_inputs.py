@@ -38,11 +38,11 @@ def test_fp8_scales_are_refused_by_name_until_fp8_is_built():
     ("b rank", "^b: expected 3 dimensions"),
     ("b K", r"^b: expected shape \(3, 24, 16\) \(\[E, N, K\] with a's K\)"),
     ("offs dtype", "^offs: expected dtype in"),
-    ("offs length", r"^offs: expected shape \(3,\) \(\[E\], one end row per expert of b\)"),
+    ("offs length", r"^offs: expected shape \(3,\) \(\[E\], one per expert of b\)"),
     ("K", "^a: K = 12 must be a multiple of 8"),
     ("N", "^b: N = 12 must be a multiple of 8"),
     ("a strided", "^a: expected a contiguous tensor"),
-    ("out shape", r"^out: expected shape \(10, 24\) \(\[M, N\] of a and b\)"),
+    ("out shape", r"^out: expected shape \(10, 24\) \(a's rows by the columns of b\)"),
     ("out dtype", "^out: expected dtype in"),
 ])
 def test_bad_arguments_are_refused_by_name(fake, case, message):
@@ -80,3 +80,17 @@ def test_bad_arguments_are_refused_by_name(fake, case, message):
 def test_swiglu_refuses_bad_gate_up_weights_by_name(fake, rows, quantize_out, message):
     with pytest.raises(ValueError, match=message):
         op.grouped_gemm_swiglu(fake(10, 16), fake(3, rows, 16), fake(3, dtype=torch.int32), quantize_out=quantize_out)
+
+
+def test_the_grouping_is_offs_or_masked_m_and_each_is_checked_by_name(fake):
+    a, b, groups = fake(10, 16), fake(3, 24, 16), fake(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="^offs: give offs .* or masked_m .*, one of the two, got both"):
+        op.grouped_gemm(a, b, groups, masked_m=groups)
+    with pytest.raises(ValueError, match="^offs: give offs .* or masked_m .*, one of the two, got neither"):
+        op.grouped_gemm(a, b)
+    with pytest.raises(ValueError, match="^a: expected 3 dimensions"):
+        op.grouped_gemm(a, b, masked_m=groups)
+    with pytest.raises(ValueError, match=r"^a: expected shape \(3, 5, 16\) \(\[E, M_max, K\] with b's E and K\)"):
+        op.grouped_gemm(fake(4, 5, 16), b, masked_m=groups)
+    with pytest.raises(ValueError, match=r"^masked_m: expected shape \(3,\)"):
+        op.grouped_gemm(fake(3, 5, 16), b, masked_m=fake(2, dtype=torch.int32))

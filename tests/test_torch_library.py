@@ -41,7 +41,7 @@ def test_every_op_is_registered():
     # The grouped GEMMs write into their results: rows of no group keep what they held.
     grouped = {"grouped_gemm", "grouped_gemm_swiglu", "grouped_gemm_swiglu_quantize"}
     for name in grouped:
-        assert "Tensor(a3!) out" in str(getattr(torch.ops.kgen, name).default._schema), name
+        assert "Tensor(a4!) out" in str(getattr(torch.ops.kgen, name).default._schema), name
     for name in set(OPS) - {"gated_delta_rule_step"} - grouped:
         assert "!" not in str(getattr(torch.ops.kgen, name).default._schema), name
 
@@ -83,9 +83,10 @@ def test_fake_shapes_of_every_op():
         assert_like(codes, (7, 384), torch.float8_e4m3fn)
         # The scales: [M, K / 128] over MN-major storage, each column block's rows padded to 4 floats.
         assert scales.shape == (7, 3) and scales.stride() == (1, 8) and scales.dtype == torch.float32
-        assert torch.ops.kgen.grouped_gemm(cuda(10, 16), cuda(3, 24, 16), cuda(3, dtype=torch.int32), cuda(10, 24)) is None
-        assert torch.ops.kgen.grouped_gemm_swiglu(cuda(10, 16), cuda(3, 48, 16), cuda(3, dtype=torch.int32),
-                                                  cuda(10, 24)) is None
+        assert torch.ops.kgen.grouped_gemm(cuda(10, 16), cuda(3, 24, 16), cuda(3, dtype=torch.int32), False,
+                                           cuda(10, 24)) is None
+        assert torch.ops.kgen.grouped_gemm_swiglu(cuda(3, 5, 16), cuda(3, 48, 16), cuda(3, dtype=torch.int32), True,
+                                                  cuda(3, 5, 24)) is None
 
 
 def test_public_functions_call_the_ops_while_compiling():
@@ -124,6 +125,8 @@ def test_public_functions_call_the_ops_while_compiling():
                                                           quantize_out=True)
         assert_like(out, (10, 128), BF16), assert_like(codes, (10, 128), torch.float8_e4m3fn)
         assert scales.shape == (10, 1) and scales.stride() == (1, 12)
+        masked = kgen.ops.grouped_gemm(cuda(3, 5, 16), cuda(3, 24, 16), masked_m=cuda(3, dtype=torch.int32))
+        assert_like(masked, (3, 5, 24), BF16)
 
 
 def test_plans_rebuilt_from_their_recipes_are_the_same():

@@ -114,6 +114,13 @@ def main() -> None:
             b = torch.randn((3, n, k), device="cuda", dtype=dtype)
             grouped_gemm(torch.randn((140, k), device="cuda", dtype=dtype), b,
                          torch.tensor(offs, dtype=torch.int32, device="cuda"))
+    # The masked layout (masked_m clamped into [0, M_max]), plain and quantized SwiGLU.
+    masked_m = torch.tensor([3, 0, 200, -1], dtype=torch.int32, device="cuda")
+    grouped_gemm(torch.randn((4, 150, 64), device="cuda", dtype=torch.bfloat16),
+                 torch.randn((4, 136, 64), device="cuda", dtype=torch.bfloat16), masked_m=masked_m)
+    grouped_gemm_swiglu(torch.randn((4, 150, 64), device="cuda", dtype=torch.bfloat16),
+                        torch.randn((4, 256, 64), device="cuda", dtype=torch.bfloat16), masked_m=masked_m,
+                        quantize_out=True)
     # Its SwiGLU epilogues: plain with tails, quantized on whole 128-column blocks, rows of no group.
     offs = torch.tensor([0, 70, 135], dtype=torch.int32, device="cuda")
     for n, k, quantize_out in ((136, 40, False), (256, 64, True), (128, 40, True)):

@@ -15,18 +15,18 @@ from kgen.runtime.checks import refuse_grad
 OPS = ("grouped_gemm", "grouped_gemm_swiglu", "grouped_gemm_swiglu_quantize")
 
 
-def grouped_gemm(a, b, offs, *, a_scale=None, b_scale=None, out=None):
+def grouped_gemm(a, b, offs=None, *, masked_m=None, a_scale=None, b_scale=None, out=None):
     refuse_grad("grouped_gemm", ("a", "b", "out"), a, b, out)
     if torch.compiler.is_compiling():
-        return library.grouped_gemm(a, b, offs, a_scale=a_scale, b_scale=b_scale, out=out)
-    return op.grouped_gemm(a, b, offs, a_scale=a_scale, b_scale=b_scale, out=out)
+        return library.grouped_gemm(a, b, offs, masked_m=masked_m, a_scale=a_scale, b_scale=b_scale, out=out)
+    return op.grouped_gemm(a, b, offs, masked_m=masked_m, a_scale=a_scale, b_scale=b_scale, out=out)
 
 
-def grouped_gemm_swiglu(a, b_gate_up, offs, *, out=None, quantize_out=False):
+def grouped_gemm_swiglu(a, b_gate_up, offs=None, *, masked_m=None, out=None, quantize_out=False):
     refuse_grad("grouped_gemm_swiglu", ("a", "b_gate_up", "out"), a, b_gate_up, out)
     if torch.compiler.is_compiling():
-        return library.grouped_gemm_swiglu(a, b_gate_up, offs, out=out, quantize_out=quantize_out)
-    return op.grouped_gemm_swiglu(a, b_gate_up, offs, out=out, quantize_out=quantize_out)
+        return library.grouped_gemm_swiglu(a, b_gate_up, offs, masked_m=masked_m, out=out, quantize_out=quantize_out)
+    return op.grouped_gemm_swiglu(a, b_gate_up, offs, masked_m=masked_m, out=out, quantize_out=quantize_out)
 
 
 grouped_gemm.__doc__ = op.grouped_gemm.__doc__

@@ -8,7 +8,7 @@ from kgen.contract import LaunchContract, parameters
 from kgen.dtypes import ELEMENT_TYPES
 
 _COMMON = ("const T* a, const T* b, const int* offs, T* out, long long num_rows, long long num_n, long long num_k, "
-           "long long num_experts, long long row_tiles, long long column_tiles")
+           "long long num_experts, long long row_tiles, long long column_tiles, long long masked_rows")
 #: Per epilogue: swiglu_quantize also writes the FP8 codes and their MN-major scales.
 _PARAMETERS = {
     "none": parameters(_COMMON),

@@ -2,7 +2,7 @@
 ``grouped_gemm_swiglu_quantize``), for torch.compile.
 
 The ops write into their results (declared mutated): rows of no group keep what the results held, so a fresh
-copy could not stand for them.
+copy could not stand for them. ``groups`` is offs, or masked_m where ``masked``.
 """
 
 # No `from __future__ import annotations`: torch.library reads the ops' schemas from real annotations.
@@ -13,42 +13,50 @@ from torch.library import custom_op
 from kgen.families.grouped_gemm import op
 
 
+def _grouping(groups: Tensor, masked: bool) -> dict:
+    return {"masked_m": groups} if masked else {"offs": groups}
+
+
 @custom_op("kgen::grouped_gemm", mutates_args=("out",))
-def _grouped_gemm(a: Tensor, b: Tensor, offs: Tensor, out: Tensor) -> None:
-    op.grouped_gemm(a, b, offs, out=out)
+def _grouped_gemm(a: Tensor, b: Tensor, groups: Tensor, masked: bool, out: Tensor) -> None:
+    op.grouped_gemm(a, b, **_grouping(groups, masked), out=out)
 
 
 @custom_op("kgen::grouped_gemm_swiglu", mutates_args=("out",))
-def _grouped_gemm_swiglu(a: Tensor, b_gate_up: Tensor, offs: Tensor, out: Tensor) -> None:
-    op.grouped_gemm_swiglu(a, b_gate_up, offs, out=out)
+def _grouped_gemm_swiglu(a: Tensor, b_gate_up: Tensor, groups: Tensor, masked: bool, out: Tensor) -> None:
+    op.grouped_gemm_swiglu(a, b_gate_up, **_grouping(groups, masked), out=out)
 
 
 @custom_op("kgen::grouped_gemm_swiglu_quantize", mutates_args=("out", "out_fp8", "scales"))
-def _grouped_gemm_swiglu_quantize(a: Tensor, b_gate_up: Tensor, offs: Tensor, out: Tensor, out_fp8: Tensor,
-                                  scales: Tensor) -> None:
-    op.checked_swiglu(a, b_gate_up, offs, out, True)
-    op.quantized_swiglu_into(a, b_gate_up, offs, out, out_fp8, scales)
+def _grouped_gemm_swiglu_quantize(a: Tensor, b_gate_up: Tensor, groups: Tensor, masked: bool, out: Tensor,
+                                  out_fp8: Tensor, scales: Tensor) -> None:
+    grouping = _grouping(groups, masked)
+    checked, _ = op.checked_swiglu(a, b_gate_up, grouping.get("offs"), grouping.get("masked_m"), out, True)
+    op.quantized_swiglu_into(a, b_gate_up, checked, out, out_fp8, scales)
 
 
 for _op in (_grouped_gemm, _grouped_gemm_swiglu, _grouped_gemm_swiglu_quantize):
     _op.register_fake(lambda *args: None)
 
 
-def grouped_gemm(a, b, offs, *, a_scale=None, b_scale=None, out=None):
-    if a_scale is not None or b_scale is not None:  # refused by name, as eagerly
-        return op.grouped_gemm(a, b, offs, a_scale=a_scale, b_scale=b_scale, out=out)
+def grouped_gemm(a, b, offs=None, *, masked_m=None, a_scale=None, b_scale=None, out=None):
+    if a_scale is not None or b_scale is not None or (offs is None) == (masked_m is None):  # refused by name, as eagerly
+        return op.grouped_gemm(a, b, offs, masked_m=masked_m, a_scale=a_scale, b_scale=b_scale, out=out)
     if out is None:
-        out = a.new_empty((a.shape[0], b.shape[1]))
-    torch.ops.kgen.grouped_gemm(a, b, offs, out)
+        out = a.new_empty((*a.shape[:-1], b.shape[1]))
+    torch.ops.kgen.grouped_gemm(a, b, offs if masked_m is None else masked_m, masked_m is not None, out)
     return out
 
 
-def grouped_gemm_swiglu(a, b_gate_up, offs, *, out=None, quantize_out=False):
+def grouped_gemm_swiglu(a, b_gate_up, offs=None, *, masked_m=None, out=None, quantize_out=False):
+    if (offs is None) == (masked_m is None):  # refused by name, as eagerly
+        return op.grouped_gemm_swiglu(a, b_gate_up, offs, masked_m=masked_m, out=out, quantize_out=quantize_out)
+    groups, masked = (offs, False) if masked_m is None else (masked_m, True)
     if out is None:
-        out = a.new_empty((a.shape[0], b_gate_up.shape[1] // 2))
+        out = a.new_empty((*a.shape[:-1], b_gate_up.shape[1] // 2))
     if not quantize_out:
-        torch.ops.kgen.grouped_gemm_swiglu(a, b_gate_up, offs, out)
+        torch.ops.kgen.grouped_gemm_swiglu(a, b_gate_up, groups, masked, out)
         return out
-    out_fp8, scales = op.new_fp8_results(out)
-    torch.ops.kgen.grouped_gemm_swiglu_quantize(a, b_gate_up, offs, out, out_fp8, scales)
-    return out, out_fp8, scales
+    out_fp8, scales = op.new_fp8_results(out.view(-1, out.shape[-1]))
+    torch.ops.kgen.grouped_gemm_swiglu_quantize(a, b_gate_up, groups, masked, out, out_fp8, scales)
+    return out, out_fp8.view(out.shape), scales
