@@ -149,6 +149,41 @@ def test_nan_stays_in_its_row_and_inf_in_its_experts_column():
     assert torch.equal(bits(got[260:][:, keep]), bits(clean[260:][:, keep]))
 
 
+def test_a_nan_in_one_gate_column_reaches_its_rows_fp8_blocks_alone():
+    # A NaN weight in gate column 40 (the second column warp's) makes that column NaN in expert 1's rows: each such
+    # row's 128-column scale and codes must be NaN through the column warps' amax (a NaN-dropping max would not),
+    # and every other row equal to the clean run.
+    rows, inter, depth = 300, 128, 64
+    a = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
+    b_gate_up = torch.randn(3, 2 * inter, depth, device="cuda", dtype=torch.bfloat16)
+    offs = torch.tensor([100, 200, 300], dtype=torch.int32, device="cuda")
+    clean = kgen.ops.grouped_gemm_swiglu(a, b_gate_up, offs, quantize_out=True)
+    b_gate_up[1, 40, 1] = float("nan")
+    out, x_fp8, scales = kgen.ops.grouped_gemm_swiglu(a, b_gate_up, offs, quantize_out=True)
+    check_quantized(out, x_fp8, scales, rows)
+    assert scales[100:200].isnan().all() and x_fp8[100:200].float().isnan().all()
+    others = torch.cat([torch.arange(100), torch.arange(200, 300)]).cuda()
+    for got, want in zip((out, x_fp8, scales), clean):
+        assert torch.equal(bits(got[others]), bits(want[others]))
+
+
+@pytest.mark.parametrize("inter, depth", [(128, 40), (256, 128)], ids=["k-tail", "whole-tiles"])
+def test_the_masked_layout_with_fp8_output(inter, depth):
+    # quantize_out in the masked layout: out [E, M_max, I]; the codes shaped like it, the scales [E M_max, I / 128]
+    # over out's rows; on each expert's first masked_m rows they are the quantizer's of out. (quantize_out needs
+    # whole 128-column blocks, so the variant with bounds checks is reached through K's tail.)
+    experts, m_max = 4, 150
+    a = torch.randn(experts, m_max, depth, device="cuda", dtype=torch.bfloat16)
+    b_gate_up = torch.randn(experts, 2 * inter, depth, device="cuda", dtype=torch.bfloat16)
+    masked_m = torch.tensor([3, 0, 150, 129], dtype=torch.int32, device="cuda")
+    out, x_fp8, scales = kgen.ops.grouped_gemm_swiglu(a, b_gate_up, masked_m=masked_m, quantize_out=True)
+    assert out.shape == x_fp8.shape == (experts, m_max, inter) and scales.shape == (experts * m_max, inter // 128)
+    want_codes, want_scales = kgen.ops.quantize_fp8_blockwise(out.view(-1, inter))
+    rows = (torch.arange(m_max, device="cuda")[None, :] < masked_m[:, None]).flatten()
+    assert torch.equal(bits(x_fp8.view(-1, inter)[rows]), bits(want_codes[rows]))
+    assert torch.equal(bits(scales[rows]), bits(want_scales[rows]))
+
+
 @pytest.mark.parametrize("quantize_out", [False, True], ids=["out", "out-and-fp8"])
 def test_a_graph_replays_with_new_group_sizes_and_compile_matches_eager(quantize_out):
     rows, inter, depth = 700, 256, 128

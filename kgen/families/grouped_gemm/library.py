@@ -32,6 +32,7 @@ def _grouped_gemm_swiglu_quantize(a: Tensor, b_gate_up: Tensor, groups: Tensor, 
                                   out_fp8: Tensor, scales: Tensor) -> None:
     grouping = _grouping(groups, masked)
     checked, _ = op.checked_swiglu(a, b_gate_up, grouping.get("offs"), grouping.get("masked_m"), out, True)
+    op.check_fp8_results(a, b_gate_up, out, out_fp8, scales)
     op.quantized_swiglu_into(a, b_gate_up, checked, out, out_fp8, scales)
 
 
@@ -57,6 +58,6 @@ def grouped_gemm_swiglu(a, b_gate_up, offs=None, *, masked_m=None, out=None, qua
     if not quantize_out:
         torch.ops.kgen.grouped_gemm_swiglu(a, b_gate_up, groups, masked, out)
         return out
-    out_fp8, scales = op.new_fp8_results(out.view(-1, out.shape[-1]))
+    out_fp8, scales = op.new_fp8_results(op.rows_view(out))
     torch.ops.kgen.grouped_gemm_swiglu_quantize(a, b_gate_up, groups, masked, out, out_fp8, scales)
     return out, out_fp8.view(out.shape), scales

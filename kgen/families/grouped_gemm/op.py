@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
 from kgen.families.quantize_fp8_blockwise.contract import BLOCK as QUANTIZE_BLOCK
 from kgen.families.quantize_fp8_blockwise.op import new_results as new_fp8_results
-import math
-from dataclasses import dataclass
-
 from kgen.runtime.checks import check_dense_rows, check_no_overlap, check_shape, check_tensor
 from kgen.runtime.dispatch import DTYPE_NAMES, spec_dtypes, tile_pair_launchers
 
@@ -82,9 +82,29 @@ def grouped_gemm_swiglu(a: torch.Tensor, b_gate_up: torch.Tensor, offs: torch.Te
     if not quantize_out:
         _launch("swiglu", a, b_gate_up, groups, out)
         return out
-    out_fp8, scales = new_fp8_results(out.view(-1, out.shape[-1]))
+    out_fp8, scales = new_fp8_results(rows_view(out))
     quantized_swiglu_into(a, b_gate_up, groups, out, out_fp8, scales)
     return out, out_fp8.view(out.shape), scales
+
+
+def rows_view(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous result as [rows, columns] (rows of every expert in the masked layout), any size."""
+    return t.view(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def check_fp8_results(a, b_gate_up, out, out_fp8, scales) -> None:
+    """FP8 results handed to the op (by torch.ops.kgen.grouped_gemm_swiglu_quantize): laid out as
+    ``quantize_fp8_blockwise``'s ``new_results`` makes them for out's rows, apart from every input."""
+    rows, columns = rows_view(out).shape
+    check_tensor("out_fp8", out_fp8, ndim=2, dtypes=(torch.float8_e4m3fn,), device=a.device)
+    check_shape("out_fp8", out_fp8, (rows, columns), "out's [rows, columns]")
+    check_dense_rows("out_fp8", out_fp8)
+    check_tensor("scales", scales, ndim=2, dtypes=(torch.float32,), device=a.device)
+    check_shape("scales", scales, (rows, columns // QUANTIZE_BLOCK), "out's rows by its 128-column blocks")
+    if rows and columns and (scales.stride(0) != 1 or scales.stride(1) < rows):
+        raise ValueError(f"scales: expected MN-major strides (1, >= {rows}), got {scales.stride()}")
+    for name, result in (("out_fp8", out_fp8), ("scales", scales)):
+        check_no_overlap(name, result, a=a, b_gate_up=b_gate_up, out=out)
 
 
 for _documented in (grouped_gemm, grouped_gemm_swiglu):
