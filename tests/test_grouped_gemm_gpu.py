@@ -17,6 +17,7 @@ pytestmark = [
 ]
 
 import kgen.ops  # noqa: E402
+from grouped_gemm_kernels import kernel  # noqa: E402,F401  (each test runs on both kernels)
 
 DTYPES = {"bf16": (torch.bfloat16, 2.0 ** -8), "fp16": (torch.float16, 2.0 ** -11)}  # and their unit roundoff
 #: fp32 accumulation over K: a bound's share of sum_k |a b| (K at most a few hundred here).

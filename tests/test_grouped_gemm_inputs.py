@@ -8,6 +8,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kgen.ops
 from kgen.families.grouped_gemm import op
+from kgen.registry import UnsupportedVariantError
+from kgen.runtime.dispatch import first_runnable
 
 
 @pytest.fixture
@@ -94,3 +96,16 @@ def test_the_grouping_is_offs_or_masked_m_and_each_is_checked_by_name(fake):
         op.grouped_gemm(fake(4, 5, 16), b, masked_m=groups)
     with pytest.raises(ValueError, match=r"^masked_m: expected shape \(3,\)"):
         op.grouped_gemm(fake(3, 5, 16), b, masked_m=fake(2, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("sm, epilogue, kernel", [
+    (90, "none", "wgmma"), (90, "swiglu", "wgmma"), (90, "swiglu_quantize", "wgmma"),
+    (100, "none", "mma_sync"), (89, "swiglu_quantize", "mma_sync"), (80, "swiglu", "mma_sync"),
+])
+def test_the_op_takes_the_first_kernel_the_arch_runs(sm, epilogue, kernel):
+    assert first_runnable(op.FAMILY, "mma", sm, "a", dtype="bf16", epilogue=epilogue) == kernel
+
+
+def test_an_arch_that_runs_no_kernel_is_refused_naming_the_tensor():
+    with pytest.raises(UnsupportedVariantError, match="^a: no grouped_gemm variant .* runs on sm_80"):
+        first_runnable(op.FAMILY, "mma", 80, "a", dtype="bf16", epilogue="swiglu_quantize")

@@ -19,6 +19,7 @@ pytestmark = [
 
 import kgen.ops  # noqa: E402
 from test_grouped_gemm_gpu import groups_of  # noqa: E402
+from grouped_gemm_kernels import kernel  # noqa: E402,F401  (each test runs on both kernels)
 
 #: Each dtype, its unit roundoff, and half its smallest subnormal (the absolute rounding error of a result that
 #: underflows: silu(g) is about g * exp(g) for negative g, so fp16 outputs reach its subnormals at g near -20).

@@ -7,20 +7,25 @@ whole tiles), neighbours poisoned with NaN/Inf, a plan used with cu_seqlens past
 for the gated delta rule), decode attention (each load and tail policy, contiguous
 and paged, a request split and merged in the kernel), the gated delta rule's chunked forward (tails, a
 split sequence with its summaries and chain, both layouts, l2norm), its backward and decode step, both merge
-kernels, the FP8 block quantization and the grouped GEMMs (plain and SwiGLU).
+kernels, the FP8 block quantization and the grouped GEMMs (plain and SwiGLU, each kernel). Named parts run alone:
+
+    compute-sanitizer --tool racecheck --report-api-errors no python3 tools/sanitizer_case.py moe
 """
+
+import sys
+from unittest import mock
 
 import torch
 
 from kgen import registry
+from kgen.families.grouped_gemm import op as grouped_gemm_op
 from kgen.ops import attention_decode, attention_varlen, merge_attention_states, merge_attention_states_n
 from kgen.ops import plan_attention_decode, plan_attention_varlen
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, gated_delta_rule_step, plan_chunk_gated_delta_rule
 from kgen.ops import grouped_gemm, grouped_gemm_swiglu, quantize_fp8_blockwise
 
 
-def main() -> None:
-    torch.manual_seed(0)
+def attention_and_gated_delta_rule() -> None:
     family = registry.current().family("attention_prefill")
     for lengths in ([63, 65, 200, 1], [128, 256]):
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
@@ -103,10 +108,20 @@ def main() -> None:
     lse = torch.randn((3, 1000, 4), device="cuda")
     merge_attention_states(v[0], lse[0], v[1], lse[1])
     merge_attention_states_n(v, lse)
+
+
+def moe() -> None:
     # Block quantization to FP8: each dtype, rows that fill the warps and rows that do not (both variants).
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for rows in (301, 256):
             quantize_fp8_blockwise(torch.randn((rows, 640), device="cuda", dtype=dtype))
+    for kernel in ("wgmma", "mma_sync"):
+        # As tests/grouped_gemm_kernels.py: the op takes `kernel`.
+        with mock.patch.object(grouped_gemm_op, "first_runnable", lambda *args, **kwargs: kernel):
+            grouped_gemms()
+
+
+def grouped_gemms() -> None:
     # The grouped GEMM: an empty group, rows of no group, tails of N and K (and whole tiles), a group ending at
     # a's last row with a K tail (a's last bytes), offs that decrease, are negative or pass the end; both dtypes.
     for dtype in (torch.bfloat16, torch.float16):
@@ -126,9 +141,18 @@ def main() -> None:
     for n, k, quantize_out in ((136, 40, False), (256, 64, True), (128, 40, True)):
         grouped_gemm_swiglu(torch.randn((140, k), device="cuda", dtype=torch.bfloat16),
                             torch.randn((3, 2 * n, k), device="cuda", dtype=torch.bfloat16), offs, quantize_out=quantize_out)
+
+
+PARTS = {"attention_and_gated_delta_rule": attention_and_gated_delta_rule, "moe": moe}
+
+
+def main(parts: list[str]) -> None:
+    torch.manual_seed(0)
+    for name in parts or PARTS:
+        PARTS[name]()
     torch.cuda.synchronize()
     print("sanitizer case done")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 import torch
 
-from kgen import jit, registry as registry_module
+from kgen import arch, config, jit, registry as registry_module
 from kgen.dtypes import ELEMENT_TYPES
 from kgen.launch import KernelLauncher
 from kgen.contract import LaunchContract, contract_of
@@ -15,6 +15,24 @@ from kgen.registry import Variant
 
 #: torch dtype -> the spec's dtype name, for every element type kgen knows.
 DTYPE_NAMES = {getattr(torch, t.torch_name): t.name for t in ELEMENT_TYPES.values()}
+
+
+#: The arch an op or plan chooses its kernel for without any GPU: the one kgen's built-in specs target.
+PLANNING_SM_WITHOUT_GPU = 90
+
+
+def planning_sm(device: torch.device | str | int | None) -> int:
+    """The arch number an op or plan picks its kernel for: ``KGEN_ARCH``'s, else ``device``'s (else the current GPU's)."""
+    override = config.arch_override()
+    if override:
+        return arch.parse(override, "KGEN_ARCH").sm
+    if device is not None and torch.device(device).type == "cuda":
+        major, minor = torch.cuda.get_device_capability(torch.device(device))
+    elif device is None and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+    else:
+        return PLANNING_SM_WITHOUT_GPU
+    return major * 10 + minor
 
 
 def spec_dtypes(family: str) -> tuple[torch.dtype, ...]:
@@ -67,6 +85,22 @@ def cached_launcher(variant: Variant, entry: str, device_index: int) -> KernelLa
     key = (device_index, variant.family.name, variant.params, entry)
     found = _launchers.get(key)
     return found if found is not None else _launchers.put(key, launcher(variant, entry, device_index))
+
+
+def first_runnable(family: str, axis: str, sm: int, tensor: str, **required: Any) -> Any:
+    """The first value of ``axis`` in the spec's order whose variant for ``required`` runs on arch ``sm`` (the
+    fastest kernel first, as a spec lists them); refused naming ``tensor`` when none does."""
+    key = (family, axis, sm, tuple(sorted(required.items())))
+    found = _runnable.get(key)
+    if found is None:
+        fam = registry_module.current().family(family)
+        values = fam.axis_values(axis, **required)
+        runnable = [x for x in values if fam.select(**required, **{axis: x}).supports_sm(sm)]
+        if not runnable:
+            raise registry_module.UnsupportedVariantError(
+                f"{tensor}: no {family} variant for {required} runs on sm_{sm} (its {axis} values {values} do not)")
+        found = _runnable.put(key, runnable[0])
+    return found
 
 
 def tile_pair_launchers(family: str, entry: str, device_index: int, tensor: str, **required: Any
@@ -122,3 +156,4 @@ class SpecPathMemo:
 _spec_dtypes = SpecPathMemo()
 _launchers = SpecPathMemo()
 _pairs = SpecPathMemo()
+_runnable = SpecPathMemo()

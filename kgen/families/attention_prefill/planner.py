@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kgen import arch, config, registry
+from kgen import registry
 from kgen.families.attention_prefill.plan import TileSchedule, choose_schedule, plan_tiles, validate_window
 from kgen.families.attention_prefill.recipe import AttentionRecipe
 from kgen.registry import UnsupportedVariantError, Variant
 from kgen.runtime.checks import check_int, check_plan_device, seqlens_from_cu
 from kgen.runtime.tables import DeviceTables
-from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, full_tiles_twin, spec_dtypes
+from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, full_tiles_twin, planning_sm, spec_dtypes
 
 FAMILY = "attention_prefill"
 
@@ -70,24 +70,6 @@ class AttentionPlan:
         """The work list on ``device``, copied there on first use (not during a CUDA-graph capture: plan with
         ``device=`` or run once before capturing); an error if the plan lives on another device."""
         return self.tables.on(device)[0]
-
-
-#: The arch a plan made without any GPU chooses its kernel for: the one kgen's built-in specs target.
-PLANNING_SM_WITHOUT_GPU = 90
-
-
-def planning_sm(device: torch.device | str | int | None) -> int:
-    """The arch number a plan picks its kernel for: ``KGEN_ARCH``'s, else ``device``'s (else the current GPU's)."""
-    override = config.arch_override()
-    if override:
-        return arch.parse(override, "KGEN_ARCH").sm
-    if device is not None and torch.device(device).type == "cuda":
-        major, minor = torch.cuda.get_device_capability(torch.device(device))
-    elif device is None and torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-    else:
-        return PLANNING_SM_WITHOUT_GPU
-    return major * 10 + minor
 
 
 def tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m: int | None, sm: int,

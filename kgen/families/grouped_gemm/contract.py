@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from kgen.contract import LaunchContract, parameters
+from kgen.contract import LaunchContract, SWIZZLE_ALIGNMENT, WARPGROUP_THREADS, parameters
 from kgen.dtypes import ELEMENT_TYPES
 
 _COMMON = ("const T* a, const T* b, const int* offs, T* out, long long num_rows, long long num_n, long long num_k, "
            "long long num_experts, long long row_tiles, long long column_tiles, long long masked_rows")
 #: Per epilogue: swiglu_quantize also writes the FP8 codes and their MN-major scales.
-_PARAMETERS = {
-    "none": parameters(_COMMON),
-    "swiglu": parameters(_COMMON),
-    "swiglu_quantize": parameters(_COMMON + ", unsigned char* out_fp8, float* scales, long long scales_stride"),
-}
+_EPILOGUE_PARAMETERS = {"none": "", "swiglu": "", "swiglu_quantize": ", unsigned char* out_fp8, float* scales, long long scales_stride"}
+#: Per kernel: wgmma loads a and b by TMA, through descriptors of boxes of TMA_BOX_ROWS rows.
+_MMA_PARAMETERS = {"mma_sync": "", "wgmma": "kgen::TmaDescriptor map_a, kgen::TmaDescriptor map_b, "}
+#: The wgmma kernel's TMA boxes: 128 rows by one 128-byte swizzle span of K.
+TMA_BOX_ROWS, TMA_SPAN_BYTES = 128, 128
 
 
 def b_rows_per_column(epilogue: str) -> int:
@@ -23,14 +23,22 @@ def b_rows_per_column(epilogue: str) -> int:
 
 
 def _grouped_gemm(params: Mapping[str, Any]) -> LaunchContract:
-    # kernel.cu.j2's stages: A and B tiles with rows padded by 8 elements, and 16 bytes of alignment slack.
-    row = (params["tile_k"] + 8) * ELEMENT_TYPES[params["dtype"]].itemsize
-    stage = (params["tile_m"] + b_rows_per_column(params["epilogue"]) * params["tile_n"]) * row
+    itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
+    stage_rows = params["tile_m"] + b_rows_per_column(params["epilogue"]) * params["tile_n"]
+    if params["mma"] == "wgmma":
+        # wgmma.cuh: num_warps consumer warps and a producer warpgroup; swizzled stages on a 1024-byte boundary,
+        # then a full and an empty mbarrier (8 bytes each) per stage.
+        threads = params["num_warps"] * 32 + WARPGROUP_THREADS
+        smem = SWIZZLE_ALIGNMENT + params["stages"] * (stage_rows * params["tile_k"] * itemsize + 16)
+    else:
+        # mma_sync.cuh: A and B tiles with rows padded by 8 elements, and 16 bytes of alignment slack.
+        threads = params["num_warps"] * 32
+        smem = params["stages"] * stage_rows * (params["tile_k"] + 8) * itemsize + 16
     return LaunchContract(
-        threads=params["num_warps"] * 32,
-        dynamic_smem_bytes=params["stages"] * stage + 16,
-        sizes={"tile_m": params["tile_m"], "tile_n": params["tile_n"], "tile_k": params["tile_k"]},
-        parameters={"grouped_gemm": _PARAMETERS[params["epilogue"]]},
+        threads=threads,
+        dynamic_smem_bytes=smem,
+        sizes={"tile_m": params["tile_m"], "tile_n": params["tile_n"], "tile_k": params["tile_k"], "box_rows": TMA_BOX_ROWS},
+        parameters={"grouped_gemm": parameters(_MMA_PARAMETERS[params["mma"]] + _COMMON + _EPILOGUE_PARAMETERS[params["epilogue"]])},
     )
 
 

@@ -7,15 +7,18 @@ from dataclasses import dataclass
 
 import torch
 
+from kgen.families.grouped_gemm.contract import TMA_BOX_ROWS, TMA_SPAN_BYTES
 from kgen.families.quantize_fp8_blockwise.contract import BLOCK as QUANTIZE_BLOCK
 from kgen.families.quantize_fp8_blockwise.op import new_results as new_fp8_results
+from kgen.runtime import tma
 from kgen.runtime.checks import check_dense_rows, check_no_overlap, check_shape, check_tensor
-from kgen.runtime.dispatch import DTYPE_NAMES, spec_dtypes, tile_pair_launchers
+from kgen.runtime.dispatch import DTYPE_NAMES, first_runnable, planning_sm, spec_dtypes, tile_pair_launchers
 
 FAMILY = "grouped_gemm"
 #: Rows and K move in 16-byte pieces, and the output in 2-element pairs.
 _K_MULTIPLE, _N_MULTIPLE = 8, 8
 _MAX_BLOCKS = 2**31 - 1  # the grid's x dimension
+_MAX_TMA_ROWS = 2**31 - 1  # TMA's coordinates are 32-bit
 
 _OFFS_DOC = """offs: ``[E]`` int32 on a's device: the cumulative end row of each group, as
             ``torch.nn.functional.grouped_mm`` takes it: group e holds rows ``[offs[e - 1], offs[e])`` (from row 0
@@ -183,8 +186,10 @@ def _launch(epilogue: str, a, b, groups: Groups, out, **extra) -> None:
     rows = math.prod(a.shape[:-1])  # of a's 2-D view
     if rows == 0 or columns == 0 or experts == 0:
         return
-    sizes, (incomplete, full) = tile_pair_launchers(FAMILY, FAMILY, a.get_device(), "a", dtype=DTYPE_NAMES[a.dtype],
-                                                    epilogue=epilogue)
+    device, dtype = a.get_device(), DTYPE_NAMES[a.dtype]
+    # K = 0 (zeros in the groups' rows) has no TMA map to make: the mma_sync kernel, which runs anywhere, takes it.
+    mma = first_runnable(FAMILY, "mma", planning_sm(device), "a", dtype=dtype, epilogue=epilogue) if depth else "mma_sync"
+    sizes, (incomplete, full) = tile_pair_launchers(FAMILY, FAMILY, device, "a", dtype=dtype, epilogue=epilogue, mma=mma)
     tile_m = sizes["tile_m"]
     if groups.masked_rows:  # a fixed number of row tiles per expert
         row_tiles = experts * -(-groups.masked_rows // tile_m)
@@ -193,7 +198,25 @@ def _launch(epilogue: str, a, b, groups: Groups, out, **extra) -> None:
     column_tiles = -(-columns // sizes["tile_n"])
     if row_tiles * column_tiles > _MAX_BLOCKS:
         raise ValueError(f"a: {row_tiles} row tiles x {column_tiles} column tiles exceed a grid's {_MAX_BLOCKS} blocks")
+    if mma == "wgmma":
+        extra.update(_maps(a, b, rows, depth))
     kernel = incomplete if columns % sizes["tile_n"] or depth % sizes["tile_k"] else full
     kernel.launch(row_tiles * column_tiles, a=a.data_ptr(), b=b.data_ptr(), offs=groups.tensor.data_ptr(),
                   out=out.data_ptr(), num_rows=rows, num_n=columns, num_k=depth, num_experts=experts,
                   row_tiles=row_tiles, column_tiles=column_tiles, masked_rows=groups.masked_rows, **extra)
+
+
+#: The wgmma kernel's descriptors of a and b, per calling thread and layout.
+_descriptors = tma.DescriptorCache()
+
+
+def _maps(a, b, rows: int, depth: int) -> dict:
+    """map_a and map_b: a's rows and b's rows (every expert's, one after the other) as [rows, 1, K] tensors of
+    TMA boxes of TMA_BOX_ROWS rows by one swizzle span of K."""
+    b_rows = b.shape[0] * b.shape[1]
+    for name, count in (("a", rows), ("b", b_rows)):
+        if count > _MAX_TMA_ROWS:
+            raise ValueError(f"{name}: {count} rows exceed the {_MAX_TMA_ROWS} that TMA's 32-bit coordinates reach")
+    maps = _descriptors.get((a.device.index, a.dtype, rows, b_rows, depth), tma.TensorMaps,
+                            {"a": TMA_BOX_ROWS, "b": TMA_BOX_ROWS}, TMA_SPAN_BYTES)
+    return {"map_a": maps.get("a", a.view(rows, 1, depth)), "map_b": maps.get("b", b.view(b_rows, 1, depth))}

@@ -1,0 +1,156 @@
+// The wgmma kernel (sm_90a), warp-specialised. Warpgroup 0 is the producer: one thread issues the TMA loads of
+// a stage, A's kTileM x 64 box and B's kBRows rows as boxes of 128 (the column tile's halves, or SwiGLU's gate
+// and up tiles), into kStages stages, each with a full mbarrier (TMA's bytes landed) and an empty one (every
+// consumer warp is done reading). Each consumer warpgroup owns 64 rows: per stage four wgmma m64 x kBRows x k16
+// from shared memory into its fp32 accumulators, the products of one stage in flight while the next stage's are
+// issued. SwiGLU's gate and up tiles lie one after the other in shared memory, so one wgmma computes both: a
+// thread's column blocks j and j + kTileN / 8 are the gate and the up product of the same output columns.
+// K past num_k and rows past the tensors load as zeros (TMA's out-of-bounds fill), so only N needs checks.
+// Needs kernel.cu.j2's variant constants and schedule.
+{% include "common/swizzle.cuh" %}
+{% include "common/tma.cuh" %}
+{% with wgmma_widths = [tile_n if epilogue == "none" else 2 * tile_n], wgmma_input = "bf16" if dtype == "bf16" else "f16" %}
+{% include "common/wgmma.cuh" %}
+{% endwith %}
+{% include "common/warp_roles.cuh" %}
+
+namespace {
+
+constexpr int kConsumerGroups = kTileM / 64;  // a warpgroup per 64 rows
+constexpr int kConsumerWarps = kConsumerGroups * 4;
+constexpr int kThreads = (kConsumerGroups + 1) * kgen::kWarpgroupThreads;
+constexpr int kBoxRows = 128;                      // rows of one TMA box (the host's maps)
+constexpr int kRowBytes = kTileK * static_cast<int>(sizeof(T));
+constexpr int kABytes = kTileM * kRowBytes, kBBytes = kBRows * kRowBytes, kStageBytes = kABytes + kBBytes;
+constexpr int kBarrierBytes = 16 * kStages;       // a full and an empty mbarrier per stage
+constexpr int kDynamicSmemBytes = kgen::kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes;
+// The producer only issues copies; the consumers hold kBRows / 2 accumulators each.
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+
+static_assert(kTileM == 64 || kTileM == 128, "grouped_gemm: with mma=wgmma, tile_m must be 64 or 128 (a consumer warpgroup per 64 rows)");
+static_assert({{ num_warps }} == kConsumerWarps, "grouped_gemm: with mma=wgmma, num_warps counts the consumer warps and must be tile_m / 16");
+static_assert(kRowBytes == 128, "grouped_gemm: with mma=wgmma, tile_k must be 64 (one 128-byte swizzle span per row)");
+static_assert(kBRows % kBoxRows == 0 && kBRows <= 256,
+              "grouped_gemm: with mma=wgmma, B's rows per tile (tile_n, twice that for SwiGLU) must be 128 or 256");
+static_assert({{ min_blocks_per_sm }} == 1, "grouped_gemm: with mma=wgmma, min_blocks_per_sm must be 1 (setmaxnreg needs one block per SM)");
+static_assert(kgen::kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * kConsumerRegisters) <= 65536,
+              "the register budgets exceed the register file");
+static_assert(kThreads == {{ contract.threads }}, "threads per block differ from the host's contract");
+static_assert(kDynamicSmemBytes == {{ contract.dynamic_smem_bytes }}, "shared memory differs from the host's contract");
+static_assert(kBoxRows == {{ contract.sizes.box_rows }}, "TMA boxes differ from the host's maps");
+
+struct Barriers {
+    unsigned base;
+    __device__ unsigned full(int stage) const { return base + 8 * stage; }
+    __device__ unsigned empty(int stage) const { return base + 8 * (kStages + stage); }
+};
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+grouped_gemm({{ contract.signature("grouped_gemm") }}) {
+    extern __shared__ unsigned char smem_bytes[];
+    const unsigned smem = kgen::align_up<kgen::kSwizzleAlignment>(kgen::smem_addr(smem_bytes));
+    const Barriers barriers{smem + kStages * kStageBytes};
+    if (threadIdx.x == 0) {
+        for (int stage = 0; stage < kStages; ++stage) {
+            kgen::mbarrier_init(barriers.full(stage), 1);
+            kgen::mbarrier_init(barriers.empty(stage), kConsumerWarps);
+        }
+        kgen::mbarrier_init_fence();
+    }
+    const BlockTile tile = block_tile(offs, num_experts, num_rows, masked_rows, row_tiles, column_tiles);  // a barrier
+    if (tile.owner.expert < 0) return;  // the whole block
+    const long long n0 = tile.column_tile * kTileN;
+    const int k_tiles = static_cast<int>((num_k + kTileK - 1) / kTileK);
+    const int warp = kgen::warp_index(), lane = threadIdx.x % 32;
+
+    if (warp < 4) {
+        // ---- Producer ----
+        kgen::release_registers<kProducerRegisters>();
+        if (threadIdx.x == 0) {
+            // TMA coordinates are 32-bit: the host keeps a's and b's rows below 2^31.
+            const int a_row = static_cast<int>(tile.owner.first_row);
+            // This expert's rows of b: num_n, or (SwiGLU) num_n gate rows then num_n up rows.
+            const long long b_first = static_cast<long long>(tile.owner.expert) * (kBRows / kTileN) * num_n + n0;
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                const int stage = kt % kStages;
+                const unsigned stage_a = smem + stage * kStageBytes, stage_b = stage_a + kABytes;
+                // A fresh barrier's previous phase counts as complete, so the first round does not wait.
+                kgen::mbarrier_wait(barriers.empty(stage), ((kt / kStages) & 1) ^ 1);
+                kgen::mbarrier_arrive_expect_tx(barriers.full(stage), kStageBytes);
+                kgen::tma_load_3d(stage_a, &map_a, kt * kTileK, 0, a_row, barriers.full(stage));
+#pragma unroll
+                for (int box = 0; box < kBRows / kBoxRows; ++box) {
+                    const long long b_row = b_first + (kSwiglu ? box * num_n : box * kBoxRows);
+                    kgen::tma_load_3d(stage_b + box * kBoxRows * kRowBytes, &map_b, kt * kTileK, 0, static_cast<int>(b_row),
+                                      barriers.full(stage));
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- Consumers ----
+    kgen::claim_registers<kConsumerRegisters>();
+    const int consumer_thread = threadIdx.x - kgen::kWarpgroupThreads;
+    const int group = consumer_thread / kgen::kWarpgroupThreads;
+    float acc[kBRows / 8][4];  // set by the first product: the host never launches this kernel with K = 0
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        const int stage = kt % kStages;
+        const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
+        kgen::mbarrier_wait(barriers.full(stage), (kt / kStages) & 1);
+        kgen::fence_operands(acc);
+        kgen::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kTileK / 16; ++kk) {  // a k16 step moves 32 bytes inside the swizzled rows
+            kgen::wgmma_ss<kBRows, 0>(acc, kgen::k_major_descriptor(stage_a + 32 * kk), kgen::k_major_descriptor(stage_b + 32 * kk),
+                                      kt > 0 || kk > 0);
+        }
+        kgen::wgmma_commit();
+        kgen::fence_operands(acc);
+        kgen::wgmma_wait<1>();  // the previous stage's products are done: release it
+        kgen::fence_operands(acc);
+        if (kt > 0 && lane == 0) kgen::mbarrier_arrive(barriers.empty((kt - 1) % kStages));
+    }
+    kgen::wgmma_wait<0>();
+    kgen::fence_operands(acc);
+
+    // The results, rounded to T, in the first kTileN / 8 column blocks: the product, or silu(gate) up.
+    constexpr int kOutBlocks = kTileN / 8;
+#pragma unroll
+    for (int j = 0; j < kOutBlocks; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = kSwiglu ? rounded_swiglu(acc[j][e], acc[j + kOutBlocks][e]) : rounded(acc[j][e]);
+    // Rows inside the group only; columns inside N (whole 2-element pairs: N is even).
+    const int thread_row = 64 * group + 16 * ((consumer_thread / 32) % 4) + lane / 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const long long row = tile.owner.first_row + thread_row + 8 * half;
+        float inverse = 0.f;
+        if constexpr (kQuantize) {
+            // The row's amax over the block's 128 columns: this thread's, then its row's four lanes'.
+            float amax = 0.f;
+#pragma unroll
+            for (int j = 0; j < kOutBlocks; ++j) {
+                amax = kgen::max_keeping_nan(amax, fabsf(acc[j][2 * half]));
+                amax = kgen::max_keeping_nan(amax, fabsf(acc[j][2 * half + 1]));
+            }
+            amax = kgen::max_keeping_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = kgen::max_keeping_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            const float scale = kgen::e4m3_scale(amax);
+            inverse = 1.f / scale;
+{% if epilogue == "swiglu_quantize" %}{# the signature has scales and out_fp8 with this epilogue alone #}
+            if (lane % 4 == 0 && row < tile.owner.group_end) scales[(n0 / kTileN) * scales_stride + row] = scale;
+{% endif %}
+        }
+        if (row >= tile.owner.group_end) continue;
+#pragma unroll
+        for (int j = 0; j < kOutBlocks; ++j) {
+            const long long column = n0 + 8 * j + 2 * (lane % 4);
+            if (kHasIncompleteTile && column >= num_n) continue;
+            store_pair(out, {{ "out_fp8" if epilogue == "swiglu_quantize" else "nullptr" }}, row * num_n + column,
+                       acc[j][2 * half], acc[j][2 * half + 1], inverse);
+        }
+    }
+}
