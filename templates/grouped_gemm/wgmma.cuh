@@ -95,7 +95,7 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     kgen::claim_registers<kConsumerRegisters>();
     const int consumer_thread = threadIdx.x - kgen::kWarpgroupThreads;
     const int group = consumer_thread / kgen::kWarpgroupThreads;
-    float acc[kBRows / 8][4];  // set by the first product: the host never launches this kernel with K = 0
+    float acc[kBRows / 8][4];  // set by the first product, or zeros below for K = 0
     for (int kt = 0; kt < k_tiles; ++kt) {
         const int stage = kt % kStages;
         const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
@@ -115,6 +115,14 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     }
     kgen::wgmma_wait<0>();
     kgen::fence_operands(acc);
+    // The host takes K = 0 to the mma_sync kernel (a TMA map needs K > 0), yet this branch stays: without it
+    // ptxas (NVRTC 13.0) serialises the fp16 kernel's wgmma (C7514), which kgen build refuses.
+    if (k_tiles == 0) {
+#pragma unroll
+        for (int j = 0; j < kBRows / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    }
 
     // The results, rounded to T, in the first kTileN / 8 column blocks: the product, or silu(gate) up.
     constexpr int kOutBlocks = kTileN / 8;
