@@ -44,7 +44,13 @@ __device__ __forceinline__ void load_tile(T* tile, const T* source, long long ro
 
 extern "C" __global__ void __launch_bounds__(kThreads, {{ min_blocks_per_sm }})
 grouped_gemm({{ contract.signature("grouped_gemm") }}) {
-    const BlockTile tile = block_tile(offs, num_experts, num_rows, masked_rows, row_tiles, column_tiles);
+    __shared__ BlockTile shared_tile;  // the block agrees on its tile: warp 0 finds it
+    if (threadIdx.x < 32) {
+        const BlockTile found = block_tile(blockIdx.x, offs, num_experts, num_rows, masked_rows, row_tiles, column_tiles);
+        if (threadIdx.x == 0) shared_tile = found;
+    }
+    __syncthreads();
+    const BlockTile tile = shared_tile;
     if (tile.owner.expert < 0) return;  // the whole block
     const int expert = tile.owner.expert;
     const long long first_row = tile.owner.first_row, group_end = tile.owner.group_end;

@@ -1,5 +1,6 @@
-// The wgmma kernel (sm_90a), warp-specialised. Warpgroup 0 is the producer: one thread issues the TMA loads of
-// a stage, A's kTileM x 64 box and B's kBRows rows as boxes of 128 (the column tile's halves, or SwiGLU's gate
+// The wgmma kernel (sm_90a), persistent and warp-specialised: a grid of at most one block per SM, each taking the
+// tiles blockIdx.x, blockIdx.x + gridDim.x, ... of the raster, so the producer loads a block's next tile while
+// its consumers store the last. Warpgroup 0 is the producer: one thread issues the TMA loads of a stage, A's kTileM x 64 box and B's kBRows rows as boxes of 128 (the column tile's halves, or SwiGLU's gate
 // and up tiles), into kStages stages, each with a full mbarrier (TMA's bytes landed) and an empty one (every
 // consumer warp is done reading). Each consumer warpgroup owns 64 rows: per stage four wgmma m64 x kBRows x k16
 // from shared memory into its fp32 accumulators, the products of one stage in flight while the next stage's are
@@ -52,6 +53,9 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     extern __shared__ unsigned char smem_bytes[];
     const unsigned smem = kgen::align_up<kgen::kSwizzleAlignment>(kgen::smem_addr(smem_bytes));
     const Barriers barriers{smem + kStages * kStageBytes};
+    // The tile whose first K step a stage holds, written by the producer before the stage's loads: the consumers
+    // read it once the stage's full barrier completes (its arrival releases the write, their wait acquires it).
+    __shared__ BlockTile stage_tiles[kStages];
     if (threadIdx.x == 0) {
         for (int stage = 0; stage < kStages; ++stage) {
             kgen::mbarrier_init(barriers.full(stage), 1);
@@ -59,106 +63,132 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
         }
         kgen::mbarrier_init_fence();
     }
-    const BlockTile tile = block_tile(offs, num_experts, num_rows, masked_rows, row_tiles, column_tiles);  // a barrier
-    if (tile.owner.expert < 0) return;  // the whole block
-    const long long n0 = tile.column_tile * kTileN;
-    const int k_tiles = static_cast<int>((num_k + kTileK - 1) / kTileK);
+    __syncthreads();
+    const int k_tiles = static_cast<int>((num_k + kTileK - 1) / kTileK);  // at least 1: the host takes K = 0 elsewhere
+    const long long num_tiles = row_tiles * column_tiles;
     const int warp = kgen::warp_index(), lane = threadIdx.x % 32;
 
     if (warp < 4) {
-        // ---- Producer ----
+        // ---- Producer: warp 0 finds the block's tiles (tile blockIdx.x, then every gridDim.x-th, skipping row tiles
+        // past the last expert's), lane 0 loads their K steps, and after the last a stage with no tile ends the work.
         kgen::release_registers<kProducerRegisters>();
-        if (threadIdx.x == 0) {
-            // TMA coordinates are 32-bit: the host keeps a's and b's rows below 2^31.
-            const int a_row = static_cast<int>(tile.owner.first_row);
-            // This expert's rows of b: num_n, or (SwiGLU) num_n gate rows then num_n up rows.
-            const long long b_first = static_cast<long long>(tile.owner.expert) * (kBRows / kTileN) * num_n + n0;
-            for (int kt = 0; kt < k_tiles; ++kt) {
-                const int stage = kt % kStages;
-                const unsigned stage_a = smem + stage * kStageBytes, stage_b = stage_a + kABytes;
-                // A fresh barrier's previous phase counts as complete, so the first round does not wait.
-                kgen::mbarrier_wait(barriers.empty(stage), ((kt / kStages) & 1) ^ 1);
-                kgen::mbarrier_arrive_expect_tx(barriers.full(stage), kStageBytes);
-                kgen::tma_load_3d(stage_a, &map_a, kt * kTileK, 0, a_row, barriers.full(stage));
+        if (warp != 0) return;
+        int step = 0;  // K steps issued, over all of the block's tiles
+        for (long long index = blockIdx.x;; index += gridDim.x) {
+            const bool done = index >= num_tiles;
+            BlockTile tile = {TileOwner{-1, 0, 0}, 0};
+            if (!done) {
+                tile = block_tile(index, offs, num_experts, num_rows, masked_rows, row_tiles, column_tiles);
+                if (tile.owner.expert < 0) continue;
+            }
+            if (lane == 0) {
+                // TMA coordinates are 32-bit: the host keeps a's and b's rows below 2^31.
+                const int a_row = static_cast<int>(tile.owner.first_row);
+                // This expert's rows of b: num_n, or (SwiGLU) num_n gate rows then num_n up rows.
+                const long long b_first = static_cast<long long>(tile.owner.expert) * (kBRows / kTileN) * num_n +
+                                          tile.column_tile * kTileN;
+                for (int kt = 0; kt < (done ? 1 : k_tiles); ++kt) {
+                    const int stage = (step + kt) % kStages;
+                    // A fresh barrier's previous phase counts as complete, so the first round does not wait.
+                    kgen::mbarrier_wait(barriers.empty(stage), (((step + kt) / kStages) & 1) ^ 1);
+                    if (kt == 0) stage_tiles[stage] = tile;
+                    if (done) {
+                        kgen::mbarrier_arrive(barriers.full(stage));  // no bytes: the consumers read the end
+                        break;
+                    }
+                    const unsigned stage_a = smem + stage * kStageBytes, stage_b = stage_a + kABytes;
+                    kgen::mbarrier_arrive_expect_tx(barriers.full(stage), kStageBytes);
+                    kgen::tma_load_3d(stage_a, &map_a, kt * kTileK, 0, a_row, barriers.full(stage));
 #pragma unroll
-                for (int box = 0; box < kBRows / kBoxRows; ++box) {
-                    const long long b_row = b_first + (kSwiglu ? box * num_n : box * kBoxRows);
-                    kgen::tma_load_3d(stage_b + box * kBoxRows * kRowBytes, &map_b, kt * kTileK, 0, static_cast<int>(b_row),
-                                      barriers.full(stage));
+                    for (int box = 0; box < kBRows / kBoxRows; ++box) {
+                        const long long b_row = b_first + (kSwiglu ? box * num_n : box * kBoxRows);
+                        kgen::tma_load_3d(stage_b + box * kBoxRows * kRowBytes, &map_b, kt * kTileK, 0, static_cast<int>(b_row),
+                                          barriers.full(stage));
+                    }
                 }
             }
+            if (done) return;
+            step += k_tiles;
+            __syncwarp();
         }
-        return;
     }
 
-    // ---- Consumers ----
+    // ---- Consumers: the tiles in the producer's order, until a stage holds none. ----
     kgen::claim_registers<kConsumerRegisters>();
     const int consumer_thread = threadIdx.x - kgen::kWarpgroupThreads;
     const int group = consumer_thread / kgen::kWarpgroupThreads;
-    float acc[kBRows / 8][4];  // set by the first product, or zeros below for K = 0
-    for (int kt = 0; kt < k_tiles; ++kt) {
-        const int stage = kt % kStages;
-        const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
-        kgen::mbarrier_wait(barriers.full(stage), (kt / kStages) & 1);
-        kgen::fence_operands(acc);
-        kgen::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kTileK / 16; ++kk) {  // a k16 step moves 32 bytes inside the swizzled rows
-            kgen::wgmma_ss<kBRows, 0>(acc, kgen::k_major_descriptor(stage_a + 32 * kk), kgen::k_major_descriptor(stage_b + 32 * kk),
-                                      kt > 0 || kk > 0);
-        }
-        kgen::wgmma_commit();
-        kgen::fence_operands(acc);
-        kgen::wgmma_wait<1>();  // the previous stage's products are done: release it
-        kgen::fence_operands(acc);
-        if (kt > 0 && lane == 0) kgen::mbarrier_arrive(barriers.empty((kt - 1) % kStages));
-    }
-    kgen::wgmma_wait<0>();
-    kgen::fence_operands(acc);
-    // The host takes K = 0 to the mma_sync kernel (a TMA map needs K > 0), yet this branch stays: without it
-    // ptxas (NVRTC 13.0) serialises the fp16 kernel's wgmma (C7514), which kgen build refuses.
-    if (k_tiles == 0) {
-#pragma unroll
-        for (int j = 0; j < kBRows / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-    }
-
-    // The results, rounded to T, in the first kTileN / 8 column blocks: the product, or silu(gate) up.
-    constexpr int kOutBlocks = kTileN / 8;
-#pragma unroll
-    for (int j = 0; j < kOutBlocks; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j][e] = kSwiglu ? rounded_swiglu(acc[j][e], acc[j + kOutBlocks][e]) : rounded(acc[j][e]);
-    // Rows inside the group only; columns inside N (whole 2-element pairs: N is even).
     const int thread_row = 64 * group + 16 * ((consumer_thread / 32) % 4) + lane / 4;
+    float acc[kBRows / 8][4];  // set by each tile's first product, or zeros below for K = 0
+    for (int step = 0;; ) {
+        const int first_stage = step % kStages;
+        kgen::mbarrier_wait(barriers.full(first_stage), (step / kStages) & 1);
+        const BlockTile tile = stage_tiles[first_stage];
+        if (tile.owner.expert < 0) return;
+        for (int kt = 0; kt < k_tiles; ++kt, ++step) {
+            const int stage = step % kStages;
+            const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
+            kgen::mbarrier_wait(barriers.full(stage), (step / kStages) & 1);
+            kgen::fence_operands(acc);
+            kgen::wgmma_fence();
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const long long row = tile.owner.first_row + thread_row + 8 * half;
-        float inverse = 0.f;
-        if constexpr (kQuantize) {
-            // The row's amax over the block's 128 columns: this thread's, then its row's four lanes'.
-            float amax = 0.f;
+            for (int kk = 0; kk < kTileK / 16; ++kk) {  // a k16 step moves 32 bytes inside the swizzled rows
+                kgen::wgmma_ss<kBRows, 0>(acc, kgen::k_major_descriptor(stage_a + 32 * kk), kgen::k_major_descriptor(stage_b + 32 * kk),
+                                          kt > 0 || kk > 0);
+            }
+            kgen::wgmma_commit();
+            kgen::fence_operands(acc);
+            kgen::wgmma_wait<1>();  // the previous stage's products are done: release it
+            kgen::fence_operands(acc);
+            if (kt > 0 && lane == 0) kgen::mbarrier_arrive(barriers.empty((step - 1) % kStages));
+        }
+        kgen::wgmma_wait<0>();
+        kgen::fence_operands(acc);
+        if (lane == 0) kgen::mbarrier_arrive(barriers.empty((step - 1) % kStages));  // the producer loads on meanwhile
+        // The host takes K = 0 to the mma_sync kernel (a TMA map needs K > 0), yet this branch stays: without it
+        // ptxas (NVRTC 13.0) serialises the fp16 kernel's wgmma (C7514), which kgen build refuses.
+        if (k_tiles == 0) {
+#pragma unroll
+            for (int j = 0; j < kBRows / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+        }
+        const long long n0 = tile.column_tile * kTileN;
+
+        // The results, rounded to T, in the first kTileN / 8 column blocks: the product, or silu(gate) up.
+        constexpr int kOutBlocks = kTileN / 8;
+#pragma unroll
+        for (int j = 0; j < kOutBlocks; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][e] = kSwiglu ? rounded_swiglu(acc[j][e], acc[j + kOutBlocks][e]) : rounded(acc[j][e]);
+        // Rows inside the group only; columns inside N (whole 2-element pairs: N is even).
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const long long row = tile.owner.first_row + thread_row + 8 * half;
+            float inverse = 0.f;
+            if constexpr (kQuantize) {
+                // The row's amax over the block's 128 columns: this thread's, then its row's four lanes'.
+                float amax = 0.f;
+#pragma unroll
+                for (int j = 0; j < kOutBlocks; ++j) {
+                    amax = kgen::max_keeping_nan(amax, fabsf(acc[j][2 * half]));
+                    amax = kgen::max_keeping_nan(amax, fabsf(acc[j][2 * half + 1]));
+                }
+                amax = kgen::max_keeping_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+                amax = kgen::max_keeping_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+                const float scale = kgen::e4m3_scale(amax);
+                inverse = 1.f / scale;
+{% if epilogue == "swiglu_quantize" %}{# the signature has scales and out_fp8 with this epilogue alone #}
+                if (lane % 4 == 0 && row < tile.owner.group_end) scales[(n0 / kTileN) * scales_stride + row] = scale;
+{% endif %}
+            }
+            if (row >= tile.owner.group_end) continue;
 #pragma unroll
             for (int j = 0; j < kOutBlocks; ++j) {
-                amax = kgen::max_keeping_nan(amax, fabsf(acc[j][2 * half]));
-                amax = kgen::max_keeping_nan(amax, fabsf(acc[j][2 * half + 1]));
+                const long long column = n0 + 8 * j + 2 * (lane % 4);
+                if (kHasIncompleteTile && column >= num_n) continue;
+                store_pair(out, {{ "out_fp8" if epilogue == "swiglu_quantize" else "nullptr" }}, row * num_n + column,
+                           acc[j][2 * half], acc[j][2 * half + 1], inverse);
             }
-            amax = kgen::max_keeping_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-            amax = kgen::max_keeping_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-            const float scale = kgen::e4m3_scale(amax);
-            inverse = 1.f / scale;
-{% if epilogue == "swiglu_quantize" %}{# the signature has scales and out_fp8 with this epilogue alone #}
-            if (lane % 4 == 0 && row < tile.owner.group_end) scales[(n0 / kTileN) * scales_stride + row] = scale;
-{% endif %}
-        }
-        if (row >= tile.owner.group_end) continue;
-#pragma unroll
-        for (int j = 0; j < kOutBlocks; ++j) {
-            const long long column = n0 + 8 * j + 2 * (lane % 4);
-            if (kHasIncompleteTile && column >= num_n) continue;
-            store_pair(out, {{ "out_fp8" if epilogue == "swiglu_quantize" else "nullptr" }}, row * num_n + column,
-                       acc[j][2 * half], acc[j][2 * half + 1], inverse);
         }
     }
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -198,12 +199,19 @@ def _launch(epilogue: str, a, b, groups: Groups, out, **extra) -> None:
     column_tiles = -(-columns // sizes["tile_n"])
     if row_tiles * column_tiles > _MAX_BLOCKS:
         raise ValueError(f"a: {row_tiles} row tiles x {column_tiles} column tiles exceed a grid's {_MAX_BLOCKS} blocks")
-    if mma == "wgmma":
+    grid = row_tiles * column_tiles
+    if mma == "wgmma":  # persistent: a block per SM at most, each taking every grid-th tile
         extra.update(_maps(a, b, rows, depth))
+        grid = min(grid, _sm_count(device))
     kernel = incomplete if columns % sizes["tile_n"] or depth % sizes["tile_k"] else full
-    kernel.launch(row_tiles * column_tiles, a=a.data_ptr(), b=b.data_ptr(), offs=groups.tensor.data_ptr(),
+    kernel.launch(grid, a=a.data_ptr(), b=b.data_ptr(), offs=groups.tensor.data_ptr(),
                   out=out.data_ptr(), num_rows=rows, num_n=columns, num_k=depth, num_experts=experts,
                   row_tiles=row_tiles, column_tiles=column_tiles, masked_rows=groups.masked_rows, **extra)
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 #: The wgmma kernel's descriptors of a and b, per calling thread and layout.
