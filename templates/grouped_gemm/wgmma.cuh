@@ -24,7 +24,11 @@ constexpr int kBoxRows = 128;                      // rows of one TMA box (the h
 constexpr int kRowBytes = kTileK * static_cast<int>(sizeof(T));
 constexpr int kABytes = kTileM * kRowBytes, kBBytes = kBRows * kRowBytes, kStageBytes = kABytes + kBBytes;
 constexpr int kBarrierBytes = 16 * kStages;       // a full and an empty mbarrier per stage
-constexpr int kDynamicSmemBytes = kgen::kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes;
+// The epilogue stages each warp's 16 result rows in shared memory and stores them 16 bytes a lane, whole rows
+// at a time; rows padded by 16 bytes, so the 8 rows of a warp's accumulator stores start on distinct banks.
+constexpr int kOutRowBytes = kTileN * static_cast<int>(sizeof(T)) + 16, kFp8RowBytes = kTileN + 16;
+constexpr int kStagingBytes = kTileM * (kOutRowBytes + (kQuantize ? kFp8RowBytes : 0));
+constexpr int kDynamicSmemBytes = kgen::kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes + kStagingBytes;
 // The producer only issues copies; the consumers hold kBRows / 2 accumulators each.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 
@@ -117,7 +121,10 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     kgen::claim_registers<kConsumerRegisters>();
     const int consumer_thread = threadIdx.x - kgen::kWarpgroupThreads;
     const int group = consumer_thread / kgen::kWarpgroupThreads;
-    const int thread_row = 64 * group + 16 * ((consumer_thread / 32) % 4) + lane / 4;
+    const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);  // this warp's 16 rows of the tile
+    const int thread_row = warp_row0 + lane / 4;
+    unsigned char* const out_rows = smem_bytes + (smem - kgen::smem_addr(smem_bytes)) + kStages * kStageBytes + kBarrierBytes;
+    [[maybe_unused]] unsigned char* const fp8_rows = out_rows + kTileM * kOutRowBytes;
     float acc[kBRows / 8][4];  // set by each tile's first product, or zeros below for K = 0
     for (int step = 0;; ) {
         const int first_stage = step % kStages;
@@ -160,12 +167,12 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
         for (int j = 0; j < kOutBlocks; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[j][e] = kSwiglu ? rounded_swiglu(acc[j][e], acc[j + kOutBlocks][e]) : rounded(acc[j][e]);
-        // Rows inside the group only; columns inside N (whole 2-element pairs: N is even).
+        // Into the warp's staging rows (every row: the copy below skips those past the group).
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const long long row = tile.owner.first_row + thread_row + 8 * half;
             float inverse = 0.f;
             if constexpr (kQuantize) {
+                const long long row = tile.owner.first_row + thread_row + 8 * half;
                 // The row's amax over the block's 128 columns: this thread's, then its row's four lanes'.
                 float amax = 0.f;
 #pragma unroll
@@ -181,14 +188,33 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                 if (lane % 4 == 0 && row < tile.owner.group_end) scales[(n0 / kTileN) * scales_stride + row] = scale;
 {% endif %}
             }
-            if (row >= tile.owner.group_end) continue;
 #pragma unroll
             for (int j = 0; j < kOutBlocks; ++j) {
-                const long long column = n0 + 8 * j + 2 * (lane % 4);
-                if (kHasIncompleteTile && column >= num_n) continue;
-                store_pair(out, {{ "out_fp8" if epilogue == "swiglu_quantize" else "nullptr" }}, row * num_n + column,
-                           acc[j][2 * half], acc[j][2 * half + 1], inverse);
+                const int offset = (thread_row + 8 * half) * kOutRowBytes + (8 * j + 2 * (lane % 4)) * static_cast<int>(sizeof(T));
+                *reinterpret_cast<unsigned*>(out_rows + offset) = kgen::pack2<T>(acc[j][2 * half], acc[j][2 * half + 1]);
+                if constexpr (kQuantize) {
+                    *reinterpret_cast<unsigned short*>(fp8_rows + (thread_row + 8 * half) * kFp8RowBytes + 8 * j + 2 * (lane % 4)) =
+                        kgen::to_e4m3x2(acc[j][2 * half] * inverse, acc[j][2 * half + 1] * inverse);
+                }
             }
         }
+        __syncwarp();
+        // The warp's rows inside the group, 16-byte pieces inside N (N is a multiple of 8; of 128 when quantizing).
+        constexpr int kOutChunks = kTileN * static_cast<int>(sizeof(T)) / 16;
+        for (int i = lane; i < 16 * kOutChunks; i += 32) {
+            const int tile_row = warp_row0 + i / kOutChunks, chunk = i % kOutChunks;
+            const long long row = tile.owner.first_row + tile_row, column = n0 + chunk * (16 / static_cast<int>(sizeof(T)));
+            if (row >= tile.owner.group_end || (kHasIncompleteTile && column >= num_n)) continue;
+            *reinterpret_cast<uint4*>(out + row * num_n + column) = *reinterpret_cast<const uint4*>(out_rows + tile_row * kOutRowBytes + 16 * chunk);
+        }
+{% if epilogue == "swiglu_quantize" %}
+        for (int i = lane; i < 16 * (kTileN / 16); i += 32) {
+            const int tile_row = warp_row0 + i / (kTileN / 16), chunk = i % (kTileN / 16);
+            const long long row = tile.owner.first_row + tile_row;
+            if (row >= tile.owner.group_end) continue;
+            *reinterpret_cast<uint4*>(out_fp8 + row * num_n + n0 + 16 * chunk) = *reinterpret_cast<const uint4*>(fp8_rows + tile_row * kFp8RowBytes + 16 * chunk);
+        }
+{% endif %}
+        __syncwarp();  // the rows are read before the next tile's results overwrite them
     }
 }

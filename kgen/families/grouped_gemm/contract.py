@@ -27,9 +27,12 @@ def _grouped_gemm(params: Mapping[str, Any]) -> LaunchContract:
     stage_rows = params["tile_m"] + b_rows_per_column(params["epilogue"]) * params["tile_n"]
     if params["mma"] == "wgmma":
         # wgmma.cuh: num_warps consumer warps and a producer warpgroup; swizzled stages on a 1024-byte boundary,
-        # then a full and an empty mbarrier (8 bytes each) per stage.
+        # then a full and an empty mbarrier (8 bytes each) per stage, then the epilogue's staging rows (padded by
+        # 16 bytes): the result's, and the FP8 codes'.
         threads = params["num_warps"] * 32 + WARPGROUP_THREADS
-        smem = SWIZZLE_ALIGNMENT + params["stages"] * (stage_rows * params["tile_k"] * itemsize + 16)
+        staging_row = params["tile_n"] * itemsize + 16 + (params["tile_n"] + 16 if params["epilogue"] == "swiglu_quantize" else 0)
+        smem = (SWIZZLE_ALIGNMENT + params["stages"] * (stage_rows * params["tile_k"] * itemsize + 16) +
+                params["tile_m"] * staging_row)
     else:
         # mma_sync.cuh: A and B tiles with rows padded by 8 elements, and 16 bytes of alignment slack.
         threads = params["num_warps"] * 32
