@@ -16,7 +16,7 @@ result checked against the unfused one's; bar: fused <= 0.85x the unfused time. 
 tokens, each choosing 8 distinct experts at random; M_max the most tokens an expert got; the fused SwiGLU for
 gate+up, the plain GEMM for down), CUDA-graph replays,
 against the time to read the selected experts' weights at the copy bandwidth this run measures (a 2 GB device
-copy); bar: within 10% of it. This kernel is the mma.sync baseline; the wgmma kernel is to come.
+copy of bf16); bar: within 10% of it. On sm_90a the op runs the wgmma kernel (the mma.sync one elsewhere).
 
     PYTHONPATH=. python3 bench/bench_grouped_gemm.py [--out DIR]
 """
@@ -129,9 +129,11 @@ def swiglu_columns(a: torch.Tensor, b_gate_up: torch.Tensor, offs: torch.Tensor)
 
 def copy_bandwidth() -> float:
     """Bytes a second a device copy moves (read + written), over 2 GB."""
-    source = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    # bf16 elements, as the weights: session 16 measured a byte-wise copy of 1 GiB at 2.71 TB/s, far below the
+    # H200's 4.27 TB/s, which made the decode floor too lenient.
+    source = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
     target = torch.empty_like(source)
-    return 2 * source.numel() / (time_graph(lambda: target.copy_(source), replays_per_sample=10) / 1e3)
+    return 2 * source.numel() * source.element_size() / (time_graph(lambda: target.copy_(source), replays_per_sample=10) / 1e3)
 
 
 def decode_row(layer, tokens: int, bandwidth: float) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Grouped GEMMs over experts (mixture of experts), plain and with a fused SwiGLU (and FP8) epilogue: issue 26's
-family, its first kernel an mma.sync baseline.
+family: a persistent warp-specialised wgmma kernel on sm_90a, an mma.sync one elsewhere.
 
 Family ``grouped_gemm`` (specs/grouped_gemm.yaml).
 """
