@@ -233,6 +233,26 @@ def test_decode_sass_is_mma_sync_with_its_loads_and_no_local_memory(name, tmp_pa
     assert not local, f"{name}: local memory accesses: {local[:5]}"
 
 
+@pytest.mark.parametrize("name", [v.name for v in _gdn_variants("grouped_gemm")], ids=lambda n: n.split("[")[1])
+def test_grouped_gemm_sass_has_its_kernels_instructions_and_no_local_memory(name, tmp_path):
+    variant = next(v for v in _gdn_variants("grouped_gemm") if v.name == name)
+    params = variant.param_dict
+    cubin, _ = _compiled(name)
+    text = sass_by_function(cubin, tmp_path)["grouped_gemm"]
+    if params["mma"] == "wgmma":
+        # One n256 product per k16 step (B's 256 rows: the column tile, or SwiGLU's gate and up), both operands
+        # from descriptors; TMA loads; no cp.async.
+        assert re.search(r"\bHGMMA\.64x256x16\.F32\.BF16 R\d+, gdesc\[", text), f"{name}: no HGMMA 64x256"
+        assert re.search(r"\bUTMALDG\.3D\b", text), f"{name}: no TMA load"
+        assert not _CP_ASYNC.search(text)
+    else:
+        assert re.search(r"\bHMMA\.16816\.F32\.BF16\b", text) and _CP_ASYNC.search(text), name
+    # The FP8 epilogue converts to e4m3 in pairs.
+    assert bool(re.search(r"\bF2FP\.SATFINITE\.E4M3\.F32\.PACK_AB", text)) is (params["epilogue"] == "swiglu_quantize")
+    local = [line.strip() for line in text.splitlines() if _LOCAL.search(line)]
+    assert not local, f"{name}: local memory accesses: {local[:5]}"
+
+
 def test_sass_patterns_match_what_they_should():
     # The SASS checks above are only as good as these regular expressions.
     assert _LDG_128.search("/*1290*/ LDG.E.EF.128 R4, desc[UR8][R4.64] ;")
