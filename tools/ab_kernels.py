@@ -44,8 +44,11 @@ GDN = [("gdn 1x32768 2/8", [32768], 2, 8, False, {}), ("gdn 1x32768 2/8 exact_sp
        ("gdn 1x32768 16/32", [32768], 16, 32, False, {}), ("gdn 1x32768 16/32 exact_split", [32768], 16, 32, False, EXACT),
        ("gdn 1x32768 16/32 weak", [32768], 16, 32, True, {}),
        ("gdn 1x32768 16/32 weak exact_split", [32768], 16, 32, True, EXACT),
+       ("gdn 1x32768 16/64", [32768], 16, 64, False, {}), ("gdn 1x8192 16/32", [8192], 16, 32, False, {}),
        ("gdn 4x8192 16/32", [8192] * 4, 16, 32, False, {}), ("gdn 8x1024 16/32", [1024] * 8, 16, 32, False, {}),
-       ("gdn 1x2048 32/32", [2048], 32, 32, False, {})]
+       ("gdn 1x2048 32/32", [2048], 32, 32, False, {}),
+       # Seed 000's sweep (issues 23 and 24): N = min(4096, 131072 // L) sequences of L tokens, H = HV = 12.
+       *((f"gdn seed L={n}", [n] * min(4096, 131072 // n), 12, 12, False, {}) for n in (64, 65, 1024))]
 
 
 def cumulative(lengths: list[int]) -> list[int]:

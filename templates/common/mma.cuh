@@ -18,6 +18,16 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned sme
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem));
 }
 
+#if __CUDA_ARCH__ >= 900
+// The inverse of ldmatrix_x4 (sm_90): lane 4 r + c's r[i] is row r, columns 2 c and 2 c + 1 of matrix i,
+// and lanes 8i..8i+7 give the row addresses of matrix i. One instruction writes the 16-byte rows that
+// eight 4-byte stores would.
+__device__ __forceinline__ void stmatrix_x4(unsigned smem, const unsigned (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(smem), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+#endif
+
 template <class T> struct MmaType;
 template <> struct MmaType<__nv_bfloat16> { static constexpr bool kBf16 = true; };
 template <> struct MmaType<__half> { static constexpr bool kBf16 = false; };

@@ -39,13 +39,36 @@ __device__ __forceinline__ void store_streaming(T* ptr, const Vec16<T>& value) {
     __stcs(reinterpret_cast<uint4*>(ptr), raw);
 }
 
-// Two floats as one 32-bit pair of T (the low half is `lo`).
+// Two floats as one 32-bit pair of T (the low half is `lo`): for 16-bit T one paired conversion
+// (cvt.rn.bf16x2 / f16x2), where two conversions and a permute would be three instructions.
 template <class T>
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     T pair[2] = {from_f32<T>(lo), from_f32<T>(hi)};
     unsigned out;
     memcpy(&out, pair, sizeof(out));
     return out;
+}
+template <>
+__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+    unsigned out;
+    memcpy(&out, &pair, sizeof(out));
+    return out;
+}
+template <>
+__device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
+    const __half2 pair = __floats2half2_rn(lo, hi);
+    unsigned out;
+    memcpy(&out, &pair, sizeof(out));
+    return out;
+}
+
+// The two Ts of a 32-bit pair as floats (x: the low half).
+template <class T>
+__device__ __forceinline__ float2 unpack2(unsigned pair) {
+    T halves[2];
+    memcpy(halves, &pair, sizeof(halves));
+    return make_float2(to_f32<T>(halves[0]), to_f32<T>(halves[1]));
 }
 
 // Softmax runs in the log2 domain (one MUFU.EX2 per exponential): a natural-log input is scaled

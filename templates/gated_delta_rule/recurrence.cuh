@@ -3,8 +3,8 @@
 //
 // Config: T, kHeadDim (K = V), kSliceV (value columns per block), kThreads, kHasIncompleteTile and
 // kKeyMajor (states [K, V], else [V, K]); chunk.cu.j2 defines it.
-// Needs common/ numeric, smem, swizzle, mma, cp_async, tma and wgmma (widths kSliceV, 64 and
-// kHeadDim); gated_delta_rule/tiles.cuh.
+// Needs common/ numeric, smem, swizzle, mma, cp_async, tma, warp_roles and wgmma (widths kSliceV, 64
+// and kHeadDim); gated_delta_rule/tiles.cuh.
 namespace kgen {
 namespace gdn {
 
@@ -95,7 +95,11 @@ struct Recurrence {
         T vn_decayed[kChunk * kSliceV];
         unsigned long long loaded[kLoads];       // TMA loads of a full chunk have landed
         float q_scale[kChunk], k_scale[kChunk];  // 1 / |row| with in-kernel l2norm
+        float k_scale_output[kChunk];            // k's, the output warpgroup's own copy
     };
+    // Named barriers (0 is __syncthreads'): one warpgroup's own; then, between the two of the output kernel,
+    // one for each hand-over: what one arrives at when its part is done, the other waits at before it reads.
+    enum { kStateBarrier = 1, kOutputBarrier, kStateReady, kOutputDone, kVnReady, kVnFree };
     static_assert(sizeof(T) * kChunk * kSliceV % kSwizzleAlignment == 0 &&
                   sizeof(T) * kSliceV * kHeadDim % kSwizzleAlignment == 0, "tiles of whole swizzle repeats");
     static constexpr int kDynamicSmemBytes = sizeof(Shared) + kSwizzleAlignment;  // and the slack to align it
@@ -114,6 +118,10 @@ struct Recurrence {
     // names). Taken one by one, not as one struct, whose loads ptxas schedules differently.
     // kSummary: the segment's summary (chunk.cu.j2). kStates (the backward's recompute): no output; ``out``
     // receives, before every chunk, the 16-bit S^T of this block's value slice, [chunk, v-head, V, K].
+    // The output kernel (neither) runs two warpgroups: the first carries the state from chunk to chunk, the
+    // second computes O from what the first leaves in shared memory, so that the state's chain of products
+    // waits for none of O's (a single warpgroup doing both spent two thirds of each chunk on O's products,
+    // masks and stores: bench/NOTES.md, seventeenth session). The others run the first warpgroup alone.
     template <bool kSummary, bool kStates = false>
     __device__ static __forceinline__ void run(const kgen::TmaDescriptor& map_q, const kgen::TmaDescriptor& map_k,
                                                const kgen::TmaDescriptor& map_v, const kgen::TmaDescriptor& map_tbeta,
@@ -127,14 +135,16 @@ struct Recurrence {
                                                float negligible_log_decay) {
         extern __shared__ unsigned char smem_bytes[];
         Shared& smem = *reinterpret_cast<Shared*>(kgen::align_up<kgen::kSwizzleAlignment>(smem_bytes));
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        constexpr bool kOutput = !kSummary && !kStates;  // reads Q and writes O, in a warpgroup of its own
+            const int warpgroup = kgen::warp_index() / 4;
+        const int thread = threadIdx.x % kThreads, warp = thread / 32, lane = threadIdx.x % 32;  // in the warpgroup
+        const bool issuer = thread == 0;  // issues its warpgroup's TMA loads
         const int* const segment = segments + kSegmentFields * blockIdx.z;
         const int sequence = segment[kSequence], end_token = segment[kEndToken];
         int first_token = segment[kFirstToken], first_chunk = segment[kFirstChunk], chunks = segment[kChunks];
         const int heads_v = static_cast<int>(num_heads_v), head_v = blockIdx.y;
         const int head = head_v / (heads_v / static_cast<int>(num_heads));
         const int column0 = blockIdx.x * kSliceV;
-        constexpr bool kOutput = !kSummary && !kStates;  // reads Q and writes O
         // Summary: the first K augmented columns are M's (start I, no values), the rest h's.
         const bool transition = kSummary && column0 < kHeadDim;
         const int value0 = kSummary && !transition ? column0 - kHeadDim : column0;
@@ -163,9 +173,9 @@ struct Recurrence {
         // Only a segment's last chunk can be incomplete, so a full chunk's loads are its barriers'
         // (c / 2)-th (K) and c-th (the others) phases.
         auto is_full = [&](int c) { return !kHasIncompleteTile || end_token - token_of(c) >= kChunk; };
-        // One tile of a full chunk by TMA (thread 0 only): K, Q, V or Tbeta.
+        // One tile of a full chunk by TMA (its warpgroup's issuer only): K, Q, V or Tbeta.
         auto load_full = [&](Load which, int c) {
-            if (threadIdx.x != 0) return;
+            if (!issuer) return;
             const unsigned bar = kgen::smem_addr(&smem.loaded[which]);
             const int token = token_of(c);
             if (which == kLoadK0 || which == kLoadK1 || which == kLoadQ) {
@@ -184,22 +194,29 @@ struct Recurrence {
                 kgen::tma_load_3d(kgen::smem_addr(smem.tbeta), &map_tbeta, 0, 0, ((first_chunk + c) * heads_v + head_v) * kChunk, bar);
             }
         };
-        // Every tile of an incomplete chunk by cp.async, all threads, rows past the sequence zero-filled.
+        // Every tile of an incomplete chunk by cp.async, rows past the sequence zero-filled, from the warpgroup
+        // that loads them (the output's where there is one, which has registers to spare, once it is past the
+        // chunk before's second barrier; the tiles the state reads are free by then).
+        const bool tail_loader = !kOutput || warpgroup == 1;
         auto load_incomplete = [&](int c) {
             const int token = token_of(c), valid = end_token - token;
-            if (kOutput) load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid);
-            load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.k[c % 2], k + token * qk_stride + head * kHeadDim, qk_stride, valid);
-            if (!transition) load_tile<kSliceV, kThreads, kHasIncompleteTile>(smem.v, v + token * v_stride + head_v * kHeadDim + value0, v_stride, valid);
+            if (kOutput) load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid, thread);
+            load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.k[c % 2], k + token * qk_stride + head * kHeadDim, qk_stride, valid, thread);
+            if (!transition) load_tile<kSliceV, kThreads, kHasIncompleteTile>(smem.v, v + token * v_stride + head_v * kHeadDim + value0, v_stride, valid, thread);
             load_tile<kChunk, kThreads, false>(smem.tbeta, tbeta + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kChunk * kChunk,
-                                               kChunk, kChunk);
+                                               kChunk, kChunk, thread);
             kgen::cp_async_commit();
         };
-        auto wait_chunk = [&](int c) {
+        // Waits for the tiles of chunk c this warpgroup reads (the output's: K and Q; the state's: K, V and Tbeta).
+        auto wait_chunk = [&](int c, bool output_role) {
             if (is_full(c)) {
                 kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadK0 + c % 2]), (c / 2) % 2);
-                if (kOutput) kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadQ]), c % 2);
-                if (!transition) kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadV]), c % 2);
-                kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadTbeta]), c % 2);
+                if (output_role) {
+                    kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadQ]), c % 2);
+                } else {
+                    if (!transition) kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadV]), c % 2);
+                    kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadTbeta]), c % 2);
+                }
             } else {
                 kgen::cp_async_wait<0>();
             }
@@ -212,21 +229,122 @@ struct Recurrence {
                 gate[e] = !kHasIncompleteTile || token + i < end_token ? g[static_cast<long long>(token + i) * heads_v + head_v] : 0.f;
             }
         };
+        const bool output_role = kOutput && warpgroup == 1;
         float gate_next[2];
         if (chunks > 0) {  // an empty sequence's segment only passes its start state on
             if (is_full(0)) {
-                load_full(kLoadK0, 0);
-                if (kOutput) load_full(kLoadQ, 0);
-                if (!transition) load_full(kLoadV, 0);
-                load_full(kLoadTbeta, 0);
-            } else {
+                if (output_role) {
+                    load_full(kLoadQ, 0);
+                } else {
+                    load_full(kLoadK0, 0);
+                    if (!transition) load_full(kLoadV, 0);
+                    load_full(kLoadTbeta, 0);
+                }
+            } else if (tail_loader) {
                 load_incomplete(0);
             }
             load_gates(0, gate_next);
         }
-
-        // S^T's accumulators: value rows 16 warp + lane / 4 (+ 8), key columns 8 n + 2 (lane % 4) (+ 1).
+        // Accumulator rows 16 warp + lane / 4 (+ 8), columns 8 n + 2 (lane % 4) (+ 1), in either warpgroup.
         const int row = 16 * warp + lane / 4, fragment_column = 2 * (lane % 4);
+        const unsigned state_tile = kgen::smem_addr(smem.state), w_vn_tile = kgen::smem_addr(smem.w_vn);
+
+        if (output_role) {
+            // O = scale (diag(e^Gamma) Q S + P Vn), P = Q K^T * LowerIncl * e^{Gamma_i - Gamma_j}. P needs no
+            // state, so it is made while the state warpgroup finishes the chunk before; Q S once S^T's copy is
+            // in (beside the state's K S), P Vn once Vn is (beside the state's update).
+            const unsigned q_tile = kgen::smem_addr(smem.q);
+            for (int c = 0; c < chunks; ++c) {
+                const bool next_full = c + 1 < chunks && is_full(c + 1);
+                const int token = first_token + c * kChunk, valid = end_token - token;
+                const float gate[2] = {gate_next[0], gate_next[1]};
+                wait_chunk(c, true);
+                if (!is_full(c)) {  // this warpgroup loaded it by cp.async, for both
+                    kgen::fence_proxy_async_shared();
+                    __syncthreads();
+                }
+                if (c + 1 < chunks) load_gates(c + 1, gate_next);
+                float q_scale[2] = {1.f, 1.f};
+                if (use_qk_l2norm) {
+                    inverse_row_norms<kHeadDim>(smem.q, smem.q_scale, thread);
+                    inverse_row_norms<kHeadDim>(smem.k[c % 2], smem.k_scale_output, thread);
+                    kgen::named_barrier_sync(kOutputBarrier, kThreads);
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) q_scale[half] = smem.q_scale[row + 8 * half];
+                }
+                const float2 gamma = gate_cumsum(kgen::kLog2e * gate[0], kgen::kLog2e * gate[1], lane);  // log2 domain
+                const float gamma_row[2] = {gamma_of(gamma, row), gamma_of(gamma, row + 8)};
+                const unsigned k_tile = kgen::smem_addr(smem.k[c % 2]);
+                float p[kChunk / 8][4];
+                kgen::wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                    kgen::wgmma_ss<kChunk, 0>(p, k_major<kChunk>(q_tile, kk), k_major<kChunk>(k_tile, kk), kk > 0);
+                }
+                kgen::wgmma_commit();
+                kgen::wgmma_wait<0>();
+                kgen::fence_operands(p);
+                // P's 16-bit A fragments.
+                unsigned p_frag[kChunk / 16][4];
+#pragma unroll
+                for (int n = 0; n < kChunk / 8; ++n) {
+                    const float2 columns = gamma_of_columns(gamma, n, lane);
+                    const float gamma_column[2] = {columns.x, columns.y};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = row + (e / 2) * 8, j = 8 * n + fragment_column + e % 2;
+                        const float norms = use_qk_l2norm ? q_scale[e / 2] * smem.k_scale_output[j] : 1.f;
+                        p[n][e] = j <= i ? norms * p[n][e] * kgen::exp2_ftz(gamma_row[e / 2] - gamma_column[e % 2]) : 0.f;
+                    }
+                }
+                kgen::gdn::accumulators_as_a<T, kChunk / 8>(p_frag, p);
+
+                kgen::named_barrier_sync(kStateReady, 2 * kThreads);  // S^T's copy for this chunk
+                float qs[kValueTiles][4];
+                kgen::wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                    kgen::wgmma_ss<kSliceV, 0>(qs, k_major<kChunk>(q_tile, kk), k_major<kSliceV>(state_tile, kk), kk > 0);
+                }
+                kgen::wgmma_commit();
+                kgen::wgmma_wait<0>();
+                kgen::fence_operands(qs);
+                kgen::named_barrier_arrive(kOutputDone, 2 * kThreads);  // S^T's copy and this chunk's K are read
+                if (next_full) load_full(kLoadQ, c + 1);  // and Q
+                // O's first term, diag(e^Gamma) Q S.
+#pragma unroll
+                for (int n = 0; n < kValueTiles; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) qs[n][e] *= kgen::exp2_ftz(gamma_row[e / 2]) * q_scale[e / 2];
+                }
+
+                kgen::named_barrier_sync(kVnReady, 2 * kThreads);  // Vn is in w_vn
+                kgen::fence_operands(p_frag);
+                kgen::wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kSliceV, 1>(qs, p_frag[kk], mn_major(w_vn_tile, kk), true);
+                kgen::wgmma_commit();
+                kgen::wgmma_wait<0>();
+                kgen::fence_operands(qs);
+                if (c + 1 < chunks) kgen::named_barrier_arrive(kVnFree, 2 * kThreads);  // the next W may overwrite it
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int r = row + 8 * half;
+                    if (kHasIncompleteTile && r >= valid) continue;
+                    T* const o = out + (static_cast<long long>(token + r) * heads_v + head_v) * kHeadDim + value0 + fragment_column;
+#pragma unroll
+                    for (int n = 0; n < kValueTiles; ++n) {
+                        *reinterpret_cast<unsigned*>(o + 8 * n) = kgen::pack2<T>(scale * qs[n][2 * half], scale * qs[n][2 * half + 1]);
+                    }
+                }
+                // Past kVnReady the state warpgroup reads no tile of this chunk but K, and the next chunk's K
+                // buffer was last read by the chunk before.
+                if (c + 1 < chunks && !next_full) load_incomplete(c + 1);
+            }
+            return;
+        }
+
+        // The state: S^T's accumulators, value rows x key columns.
         float s[kKeyTiles][4];
         {
             const float* start = nullptr;  // [K, V] as the layout stores it; none: zero (NaN when refused)
@@ -257,98 +375,78 @@ struct Recurrence {
                 }
             }
             store_accumulators<kHeadDim, T, kKeyTiles, kSliceV>(smem.state, s, 16 * warp, lane);
+            if (kOutput && chunks > 0) {
+                kgen::fence_proxy_async_shared();
+                kgen::named_barrier_arrive(kStateReady, 2 * kThreads);
+            }
         }
-        const unsigned state_tile = kgen::smem_addr(smem.state), w_vn_tile = kgen::smem_addr(smem.w_vn);
-        const unsigned q_tile = kgen::smem_addr(smem.q), vn_decayed_tile = kgen::smem_addr(smem.vn_decayed);
+        const unsigned vn_decayed_tile = kgen::smem_addr(smem.vn_decayed);
 
         for (int c = 0; c < chunks; ++c) {
             const bool next_full = c + 1 < chunks && is_full(c + 1);
-            const int token = first_token + c * kChunk, valid = end_token - token;
             const float gate[2] = {gate_next[0], gate_next[1]};
             if (kStates) {  // S^T before this chunk, 16-bit, as the backward reads it
                 store_rows<T, kHeadDim>(out + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim,
                                         s, value0 + row, fragment_column);
             }
-            wait_chunk(c);
-            // S^T's copy (and cp.async tiles) are read by wgmma; the other K buffer is rewritten by TMA.
+            wait_chunk(c, false);
+            // S^T's copy (and cp.async tiles) are read by wgmma.
             kgen::fence_proxy_async_shared();
-            __syncthreads();  // this chunk's tiles and S^T are in; the other K buffer's last readers are done
+            if (kOutput && !is_full(c)) {
+                __syncthreads();  // the output warpgroup loaded this chunk
+            } else {
+                kgen::named_barrier_sync(kStateBarrier, kThreads);
+            }
+            // The other K buffer's last readers are done: this warpgroup's update and, before kOutputDone, the
+            // output's P and Q S of the chunk before.
             if (next_full) load_full(Load(kLoadK0 + (c + 1) % 2), c + 1);
             if (c + 1 < chunks) load_gates(c + 1, gate_next);
-            // In-kernel l2norm: rows of q and k scale the products instead of being rounded normalised.
-            float q_scale[2] = {1.f, 1.f}, k_scale[2] = {1.f, 1.f};
+            // In-kernel l2norm: rows of k scale the products instead of being rounded normalised.
+            float k_scale[2] = {1.f, 1.f};
             if (use_qk_l2norm) {
-                if (kOutput) inverse_row_norms<kHeadDim>(smem.q, smem.q_scale);
-                inverse_row_norms<kHeadDim>(smem.k[c % 2], smem.k_scale);
-                __syncthreads();
+                inverse_row_norms<kHeadDim>(smem.k[c % 2], smem.k_scale, thread);
+                kgen::named_barrier_sync(kStateBarrier, kThreads);
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    q_scale[half] = smem.q_scale[row + 8 * half], k_scale[half] = smem.k_scale[row + 8 * half];
-                }
+                for (int half = 0; half < 2; ++half) k_scale[half] = smem.k_scale[row + 8 * half];
             }
-            const float2 gamma = gate_cumsum(gate[0], gate[1], lane);
+            const float2 gamma = gate_cumsum(kgen::kLog2e * gate[0], kgen::kLog2e * gate[1], lane);  // log2 domain
             const float gamma_last = __shfl_sync(0xffffffffu, gamma.y, 31);
             const float gamma_row[2] = {gamma_of(gamma, row), gamma_of(gamma, row + 8)};
-            const float decay_row[2] = {__expf(gamma_row[0]), __expf(gamma_row[1])};
             const unsigned k_tile = kgen::smem_addr(smem.k[c % 2]);
 
-            // P = Q K^T, K S and Q S in one batch.
-            float p[kChunk / 8][4], ks[kValueTiles][4], qs[kValueTiles][4];
+            float ks[kValueTiles][4];
             kgen::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-                if (kOutput) kgen::wgmma_ss<kChunk, 0>(p, k_major<kChunk>(q_tile, kk), k_major<kChunk>(k_tile, kk), kk > 0);
                 kgen::wgmma_ss<kSliceV, 0>(ks, k_major<kChunk>(k_tile, kk), k_major<kSliceV>(state_tile, kk), kk > 0);
-                if (kOutput) kgen::wgmma_ss<kSliceV, 0>(qs, k_major<kChunk>(q_tile, kk), k_major<kSliceV>(state_tile, kk), kk > 0);
             }
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
             kgen::fence_operands(ks);
-            if (kOutput) {
-                kgen::fence_operands(p), kgen::fence_operands(qs);
-                if (next_full) load_full(kLoadQ, c + 1);  // Q is read by these products only
-            }
 
-            // W = V - diag(e^Gamma) K S into shared memory.
+            // W = V - diag(e^Gamma) K S into shared memory, V read and W written two column blocks at a time, in
+            // the accumulators' layout (ldmatrix, stmatrix).
+            if (kOutput && c > 0) kgen::named_barrier_sync(kVnFree, 2 * kThreads);  // O's P Vn of the chunk before
+            {
+                const float decay[2] = {kgen::exp2_ftz(gamma_row[0]) * k_scale[0], kgen::exp2_ftz(gamma_row[1]) * k_scale[1]};
+                const int matrix_row = 16 * warp + (lane / 8 % 2) * 8 + lane % 8, matrix_col = (lane / 16) * 8;
 #pragma unroll
-            for (int n = 0; n < kValueTiles; ++n) {
+                for (int pair = 0; pair < kValueTiles / 2; ++pair) {
+                    const int at = swizzled<kSliceV>(matrix_row, 16 * pair + matrix_col);
+                    unsigned values[4] = {0u, 0u, 0u, 0u};  // the transition's columns have no values
+                    if (!transition) kgen::ldmatrix_x4(values, kgen::smem_addr(smem.v + at));
+                    unsigned w[4];
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int r = row + 8 * half, column = 8 * n + fragment_column;
-                    const float decay = decay_row[half] * k_scale[half];
-                    float w0 = -decay * ks[n][2 * half], w1 = -decay * ks[n][2 * half + 1];
-                    if (!transition) {
-                        const unsigned pair = *reinterpret_cast<const unsigned*>(smem.v + swizzled<kSliceV>(r, column));
-                        T value[2];
-                        memcpy(value, &pair, sizeof(value));
-                        w0 += kgen::to_f32<T>(value[0]), w1 += kgen::to_f32<T>(value[1]);
+                    for (int i = 0; i < 4; ++i) {  // matrix i: column block 2 pair + i / 2, rows + 8 (i % 2)
+                        const float* const product = ks[2 * pair + i / 2] + 2 * (i % 2);
+                        const float2 value = kgen::unpack2<T>(values[i]);
+                        w[i] = kgen::pack2<T>(value.x - decay[i % 2] * product[0], value.y - decay[i % 2] * product[1]);
                     }
-                    *reinterpret_cast<unsigned*>(smem.w_vn + swizzled<kSliceV>(r, column)) = kgen::pack2<T>(w0, w1);
-                }
-            }
-            // P * LowerIncl * e^{Gamma_i - Gamma_j} as 16-bit A fragments, and O's first term diag(e^Gamma) Q S.
-            unsigned p_frag[kChunk / 16][4];
-            if (kOutput) {
-#pragma unroll
-                for (int n = 0; n < kChunk / 8; ++n) {
-                    const float2 columns = gamma_of_columns(gamma, n, lane);
-                    const float gamma_column[2] = {columns.x, columns.y};
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int i = row + (e / 2) * 8, j = 8 * n + fragment_column + e % 2;
-                        const float norms = use_qk_l2norm ? q_scale[e / 2] * smem.k_scale[j] : 1.f;
-                        p[n][e] = j <= i ? norms * p[n][e] * __expf(gamma_row[e / 2] - gamma_column[e % 2]) : 0.f;
-                    }
-                }
-                kgen::gdn::accumulators_as_a<T, kChunk / 8>(p_frag, p);
-#pragma unroll
-                for (int n = 0; n < kValueTiles; ++n) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) qs[n][e] *= decay_row[e / 2] * q_scale[e / 2];
+                    kgen::stmatrix_x4(kgen::smem_addr(smem.w_vn + at), w);
                 }
             }
             kgen::fence_proxy_async_shared();
-            __syncthreads();  // W is whole; V is no longer read
+            kgen::named_barrier_sync(kStateBarrier, kThreads);  // W is whole; V is no longer read
             if (next_full && !transition) load_full(kLoadV, c + 1);
 
             // Vn = Tbeta W.
@@ -367,21 +465,16 @@ struct Recurrence {
 #pragma unroll
             for (int n = 0; n < kValueTiles; ++n) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) vn[n][e] *= __expf(gamma_last - gamma_row[e / 2]) * k_scale[e / 2];
+                for (int e = 0; e < 4; ++e) vn[n][e] *= kgen::exp2_ftz(gamma_last - gamma_row[e / 2]) * k_scale[e / 2];
             }
             store_accumulators<kSliceV, T>(smem.vn_decayed, vn, 16 * warp, lane);
-            scale_accumulators(s, __expf(gamma_last));
+            scale_accumulators(s, kgen::exp2_ftz(gamma_last));
             kgen::fence_proxy_async_shared();
-            __syncthreads();  // Vn and its decayed copy are whole
+            if (kOutput) kgen::named_barrier_arrive(kVnReady, 2 * kThreads);
+            kgen::named_barrier_sync(kStateBarrier, kThreads);  // Vn's decayed copy is whole
 
-            // O += P Vn;  S^T = e^{Gamma_last} S^T + (diag(e^{Gamma_last - Gamma} / |k|) Vn)^T K. P's
-            // fragments are made before the batch: a register written between wgmmas serialises them.
-            if (kOutput) kgen::fence_operands(p_frag);
+            // S^T = e^{Gamma_last} S^T + (diag(e^{Gamma_last - Gamma} / |k|) Vn)^T K.
             kgen::wgmma_fence();
-            if (kOutput) {
-#pragma unroll
-                for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kSliceV, 1>(qs, p_frag[kk], mn_major(w_vn_tile, kk), true);
-            }
 #pragma unroll
             for (int kk = 0; kk < kChunk / 16; ++kk) {
                 kgen::wgmma_ss<kHeadDim, 1, 1>(s, mn_major(vn_decayed_tile, kk), mn_major(k_tile, kk), true);
@@ -389,23 +482,14 @@ struct Recurrence {
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
             kgen::fence_operands(s);
-            if (kOutput) {
-                kgen::fence_operands(qs);
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int r = row + 8 * half;
-                    if (kHasIncompleteTile && r >= valid) continue;
-                    T* const o = out + (static_cast<long long>(token + r) * heads_v + head_v) * kHeadDim + value0 + fragment_column;
-#pragma unroll
-                    for (int n = 0; n < kValueTiles; ++n) {
-                        *reinterpret_cast<unsigned*>(o + 8 * n) =
-                            kgen::pack2<T>(scale * qs[n][2 * half], scale * qs[n][2 * half + 1]);
-                    }
-                }
-            }
+            if (kOutput) kgen::named_barrier_sync(kOutputDone, 2 * kThreads);  // O has read S^T's copy
             store_accumulators<kHeadDim, T, kKeyTiles, kSliceV>(smem.state, s, 16 * warp, lane);
+            if (kOutput && c + 1 < chunks) {
+                kgen::fence_proxy_async_shared();
+                kgen::named_barrier_arrive(kStateReady, 2 * kThreads);
+            }
             // An incomplete next chunk loads now that this one reads no tile any more.
-            if (c + 1 < chunks && !next_full) load_incomplete(c + 1);
+            if (!kOutput && c + 1 < chunks && !next_full) load_incomplete(c + 1);
         }
 
         // The segment's end state: its summary columns, or the sequence's final state.

@@ -70,12 +70,12 @@ struct Reverse {
 
         auto load_chunk = [&](int c, ChunkTiles& tiles) {
             const int token = token_of(c), valid = end_token - token;
-            load_tile<kHeadDim, kThreads, kHasIncompleteTile>(tiles.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid);
-            load_tile<kHeadDim, kThreads, kHasIncompleteTile>(tiles.k, k + token * qk_stride + head * kHeadDim, qk_stride, valid);
+            load_tile<kHeadDim, kThreads, kHasIncompleteTile>(tiles.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid, threadIdx.x);
+            load_tile<kHeadDim, kThreads, kHasIncompleteTile>(tiles.k, k + token * qk_stride + head * kHeadDim, qk_stride, valid, threadIdx.x);
             load_tile<kSliceV, kThreads, kHasIncompleteTile>(tiles.d_out, d_out + token * v_stride + head_v * kHeadDim + value0,
-                                                            v_stride, valid);
+                                                            v_stride, valid, threadIdx.x);
             load_tile<kChunk, kThreads, false>(tiles.tbeta, tbeta + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kChunk * kChunk,
-                                               kChunk, kChunk);
+                                               kChunk, kChunk, threadIdx.x);
             kgen::cp_async_commit();
         };
 

@@ -54,9 +54,20 @@ __device__ __forceinline__ void accumulators_as_a(unsigned (&a)[kTiles / 2][4], 
     }
 }
 
-// Accumulators of rows [m0, m0 + 16) x columns [0, 8 kTiles) into a [kRows][kCols] tile, as E.
+// Accumulators of rows [m0, m0 + 16) x columns [0, 8 kTiles) into a [kRows][kCols] tile, as E: on sm_90,
+// two column blocks per stmatrix (four 8x8 matrices in the order accumulators_as_a packs them).
 template <int kCols, class E, int kTiles, int kRows = kChunk>
 __device__ __forceinline__ void store_accumulators(E* tile, const float (&c)[kTiles][4], int m0, int lane) {
+#if __CUDA_ARCH__ >= 900
+    if constexpr (kTiles % 2 == 0) {
+        unsigned pairs[kTiles / 2][4];
+        accumulators_as_a<E, kTiles>(pairs, c);
+        const int row = m0 + (lane / 8 % 2) * 8 + lane % 8, col = (lane / 16) * 8;
+#pragma unroll
+        for (int s = 0; s < kTiles / 2; ++s) stmatrix_x4(smem_addr(tile + swizzled<kCols, kRows>(row, 16 * s + col)), pairs[s]);
+        return;
+    }
+#endif
     const int row = m0 + lane / 4, col = 2 * (lane % 4);
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
@@ -90,14 +101,14 @@ __device__ __forceinline__ void scale_accumulators(float (&c)[kTiles][4], float 
 }
 
 // Rows [0, kChunk) x columns [0, kCols) of a global matrix (row stride `stride` elements) into a tile
-// by cp.async, the block's kThreads threads sharing the 16-byte chunks. With kIncompleteTile, rows
-// from `valid` on are zero-filled and never read: a chunk never reads the next sequence's rows.
+// by cp.async, kThreads threads (`thread` 0 .. kThreads - 1) sharing the 16-byte chunks. With kIncompleteTile,
+// rows from `valid` on are zero-filled and never read: a chunk never reads the next sequence's rows.
 template <int kCols, int kThreads, bool kIncompleteTile, class E>
-__device__ __forceinline__ void load_tile(E* tile, const E* src, long long stride, int valid) {
+__device__ __forceinline__ void load_tile(E* tile, const E* src, long long stride, int valid, int thread) {
     constexpr int kChunks = kChunk * kCols / 8;
     static_assert(kChunks % kThreads == 0, "whole chunks per thread");
 #pragma unroll
-    for (int i = threadIdx.x; i < kChunks; i += kThreads) {
+    for (int i = thread; i < kChunks; i += kThreads) {
         const int row = i / (kCols / 8), col = (i % (kCols / 8)) * 8;
         const bool inside = !kIncompleteTile || row < valid;
         cp_async_16_zfill(smem_addr(tile + swizzled<kCols>(row, col)), src + (inside ? row * stride + col : 0), inside);
@@ -107,12 +118,12 @@ __device__ __forceinline__ void load_tile(E* tile, const E* src, long long strid
 // 1 / sqrt(sum(x^2) + 1e-6) of each row of a [kChunk][kCols] tile into scales[kChunk]: fla's in-kernel
 // l2norm, x / sqrt(sum(x^2) + eps), applied by the kernels as row (and column) scales of their
 // products, so the normalised vectors are never rounded to 16 bits. Two threads share a row;
-// the block's first 2 kChunk threads take part.
+// threads `thread` 0 .. 2 kChunk - 1 (of a warpgroup: neighbours by twos in one warp) take part.
 template <int kCols, class E>
-__device__ __forceinline__ void inverse_row_norms(const E* tile, float* scales) {
+__device__ __forceinline__ void inverse_row_norms(const E* tile, float* scales, int thread) {
     constexpr int kPieces = kCols / 2 / 8;
-    if (threadIdx.x < 2 * kChunk) {
-        const int row = threadIdx.x / 2, col0 = (threadIdx.x % 2) * (kCols / 2);
+    if (thread < 2 * kChunk) {
+        const int row = thread / 2, col0 = (thread % 2) * (kCols / 2);
         float sum = 0.f;
 #pragma unroll
         for (int i = 0; i < kPieces; ++i) {
@@ -121,7 +132,7 @@ __device__ __forceinline__ void inverse_row_norms(const E* tile, float* scales) 
             for (int c = 0; c < 8; ++c) sum += to_f32<E>(piece.elem[c]) * to_f32<E>(piece.elem[c]);
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        if (threadIdx.x % 2 == 0) scales[row] = rsqrtf(sum + 1e-6f);
+        if (thread % 2 == 0) scales[row] = rsqrtf(sum + 1e-6f);
     }
 }
 

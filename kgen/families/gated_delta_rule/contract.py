@@ -83,18 +83,22 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
     itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
     chunk, head_dim, slice_v = params["tile_m"], params["head_dim"], params["tile_n"]
     # K twice, Q, the V slice and Tbeta once; S^T's 16-bit copy; W (then Vn) and decayed Vn; five
-    # mbarriers and q's and k's l2norm row scales, padded to 64 bytes; from a swizzle-aligned base.
+    # mbarriers and the l2norm row scales (q's, and k's for each warpgroup), padded to 64 bytes; from a
+    # swizzle-aligned base.
     elements = 3 * chunk * head_dim + chunk * slice_v + chunk * chunk + head_dim * slice_v + 2 * chunk * slice_v
-    small_bytes = -(-(5 * 8 + 2 * chunk * 4) // 64) * 64
+    small_bytes = -(-(5 * 8 + 3 * chunk * 4) // 64) * 64
+    smem_bytes = SWIZZLE_ALIGNMENT + elements * itemsize + small_bytes
+    # gated_delta_rule_chunk runs a second warpgroup, which computes the output.
+    output_threads = 2 * params["num_warps"] * 32
     reverse_smem = _reverse_dynamic_smem_bytes(chunk, head_dim, slice_v, itemsize)
     grads_smem = _grads_dynamic_smem_bytes(chunk, head_dim, itemsize)
     return LaunchContract(
-        threads=params["num_warps"] * 32, dynamic_smem_bytes=SWIZZLE_ALIGNMENT + elements * itemsize + small_bytes,
+        threads=params["num_warps"] * 32, dynamic_smem_bytes=smem_bytes,
         sizes={"value_slice": slice_v, "chunk": chunk, "segment_fields": len(GDN_SEGMENT_FIELDS), "box_span_bytes": 128,
                "chain_columns": GDN_CHAIN_COLUMNS, "chain_threads": GDN_CHAIN_THREADS,
                "chain_dynamic_smem_bytes": _chain_dynamic_smem_bytes(head_dim),
                "reverse_dynamic_smem_bytes": reverse_smem, "grads_dynamic_smem_bytes": grads_smem,
-               "grads_threads": GDN_GRADS_THREADS},
+               "grads_threads": GDN_GRADS_THREADS, "output_threads": output_threads},
         parameters={"gated_delta_rule_chunk": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_summary": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_states": _GDN_RECURRENCE_PARAMETERS,
@@ -103,7 +107,8 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
                     "gated_delta_rule_chunk_chain": parameters(
                         "const float* summary, const float* initial_state, float* start_states, const int* chains, "
                         "long long num_heads_v")},
-        entry_shapes={"gated_delta_rule_chunk_chain": (GDN_CHAIN_THREADS, _chain_dynamic_smem_bytes(head_dim)),
+        entry_shapes={"gated_delta_rule_chunk": (output_threads, smem_bytes),
+                      "gated_delta_rule_chunk_chain": (GDN_CHAIN_THREADS, _chain_dynamic_smem_bytes(head_dim)),
                       "gated_delta_rule_chunk_reverse": (params["num_warps"] * 32, reverse_smem),
                       "gated_delta_rule_chunk_grads": (GDN_GRADS_THREADS, grads_smem)})
 
