@@ -85,17 +85,18 @@ def gdn_us(lengths, heads, heads_v, weak, options) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", required=True, help="the tree's name in the output")
-    parser.add_argument("--only", default="", help="only the cases whose name contains this text")
+    parser.add_argument("--only", default="", help="only the cases whose name contains one of these comma-separated texts")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(json.dumps({"label": args.label, "kgen": str(Path(kgen.__file__).resolve().parent)}), flush=True)
+    wanted = args.only.split(",")
     for name, lengths, heads, head_dim, causal in PREFILL:
-        if args.only not in name:
+        if not any(text in name for text in wanted):
             continue
         print(json.dumps({"label": args.label, "case": name, "us": round(prefill_us(lengths, heads, head_dim, causal), 2)}),
               flush=True)
     for name, lengths, heads, heads_v, weak, options in GDN:
-        if args.only not in name:
+        if not any(text in name for text in wanted):
             continue
         try:
             us = round(gdn_us(lengths, heads, heads_v, weak, options), 2)
