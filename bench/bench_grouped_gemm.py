@@ -17,6 +17,10 @@ tokens, each choosing 8 distinct experts at random; M_max the most tokens an exp
 gate+up, the plain GEMM for down), CUDA-graph replays,
 against the time to read the selected experts' weights at the copy bandwidth this run measures (a 2 GB device
 copy of bf16); bar: within 10% of it. On sm_90a the op runs the wgmma kernel (the mma.sync one elsewhere).
+FP8 (sm_90a): the same a and b quantized with DeepGEMM's block scales (tests/fp8_blocks.py), kgen's TFLOP/s
+against ``torch._scaled_grouped_mm`` (its own recipe: row-wise scales of a, per-column ones of b) where it runs;
+kgen's result checked against float64 of the dequantized inputs on the first experts' rows. Bars: >= 1.0x
+torch's scaled grouped GEMM, and >= 1000 TFLOP/s at the prefill shapes.
 
     PYTHONPATH=. python3 bench/bench_grouped_gemm.py [--out DIR]
 """
@@ -24,6 +28,7 @@ copy of bf16); bar: within 10% of it. On sm_90a the op runs the wgmma kernel (th
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +36,9 @@ import torch
 
 from common import environment, run_standalone, summary_row, time_cuda, time_graph, verdict, write_results
 from kgen.ops import grouped_gemm, grouped_gemm_swiglu, quantize_fp8_blockwise
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from fp8_blocks import BLOCK, E4M3_MAX, FP8, dequantized, quantize_rows, quantize_weights  # noqa: E402
 
 NAME = "bench_grouped_gemm"
 TOP_K = 8
@@ -48,8 +56,13 @@ COLUMNS = [("case", "case", None), ("kgen_tflops", "kgen TFLOP/s", ".0f"), ("tor
            ("swiglu_ms", "fused SwiGLU+FP8 ms", ".3f"), ("unfused_ms", "unfused ms", ".3f"),
            ("fused_over_unfused", "fused / unfused time", ".2f"), ("swiglu_rel_rms", "fused vs unfused rel RMS", ".1e"),
            ("decode_us", "decode us", ".1f"), ("weights_floor_us", "weights at copy bandwidth us", ".1f"),
-           ("over_floor", "decode / weights floor", ".2f"), ("torch_status", "torch grouped", None),
-           ("swiglu_status", "unfused SwiGLU peer", None)]
+           ("over_floor", "decode / weights floor", ".2f"), ("fp8_tflops", "kgen FP8 TFLOP/s", ".0f"),
+           ("scaled_tflops", "torch scaled grouped TFLOP/s", ".0f"), ("fp8_over_scaled", "kgen FP8 / torch scaled", ".2f"),
+           ("fp8_rel_rms", "kgen FP8 vs float64 rel RMS", ".1e"), ("torch_status", "torch grouped", None),
+           ("swiglu_status", "unfused SwiGLU peer", None), ("scaled_status", "torch scaled grouped", None)]
+#: Experts whose rows check kgen's FP8 result against float64 (all of them would take tens of GB in float64).
+FP8_CHECKED_EXPERTS = 4
+FP8_BAR_TFLOPS = 1000.0
 
 
 def group_sizes(rows: int, experts: int, routing: str, gen: torch.Generator) -> torch.Tensor:
@@ -86,6 +99,8 @@ def row(layer, tokens: int, routing: str) -> dict[str, Any]:
     result: dict[str, Any] = {"case": f"{model} {projection} {tokens} tokens {routing}"}
     if projection == "gate+up":
         result.update(swiglu_columns(a, b, offs))
+    if torch.cuda.get_device_capability() == (9, 0):
+        result.update(fp8_columns(a, b, offs, flops))
     result["kgen_tflops"] = flops / time_cuda(lambda: grouped_gemm(a, b, offs, out=out), warmup_ms=50, rep_ms=200) / 1e9
     fn, status = torch_grouped()
     result["torch_status"] = status
@@ -125,6 +140,44 @@ def swiglu_columns(a: torch.Tensor, b_gate_up: torch.Tensor, offs: torch.Tensor)
         return {"swiglu_ms": fused_ms, "swiglu_status": f"failed: {type(exc).__name__}: {exc}"[:200]}
     return {"swiglu_ms": fused_ms, "unfused_ms": unfused_ms, "fused_over_unfused": fused_ms / unfused_ms,
             "swiglu_rel_rms": rel_rms(out, want)}
+
+
+def fp8_columns(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, flops: float) -> dict[str, Any]:
+    """kgen's FP8 grouped GEMM (block scales) against torch's scaled grouped GEMM (row-wise scales)."""
+    a8, a_scale = quantize_rows(a)
+    b8, b_scale = quantize_weights(b)
+    out = grouped_gemm(a8, b8, offs, a_scale=a_scale, b_scale=b_scale)
+    seconds = time_cuda(lambda: grouped_gemm(a8, b8, offs, a_scale=a_scale, b_scale=b_scale, out=out), warmup_ms=50,
+                        rep_ms=200)
+    result: dict[str, Any] = {"fp8_tflops": flops / seconds / 1e9, "scaled_status": "ok"}
+    squared_error = squared_want = 0.0
+    start = 0
+    for e, end in enumerate(offs[:FP8_CHECKED_EXPERTS].tolist()):
+        if end > start:
+            want = dequantized(a8[start:end], a_scale[start:end], 1) @ dequantized(b8[e], b_scale[e], BLOCK).T
+            squared_error += (out[start:end].double() - want).pow(2).sum().item()
+            squared_want += want.pow(2).sum().item()
+        start = end
+    result["fp8_rel_rms"] = (squared_error / max(squared_want, 1e-300)) ** 0.5
+    del a8, b8
+    scaled = getattr(torch, "_scaled_grouped_mm", None)
+    if scaled is None:
+        result["scaled_status"] = "unavailable in this torch"
+        return result
+    try:  # its recipe: a scale per row of a and per (expert, column) of b
+        a_rows = a.abs().amax(-1).float().clamp_min(1e-4) / E4M3_MAX
+        b_columns = b.abs().amax(-1).float().clamp_min(1e-4) / E4M3_MAX
+        a_codes = (a.float() / a_rows[:, None]).to(FP8)
+        b_codes = torch.empty(b.shape, dtype=FP8, device=b.device)
+        for first in range(0, b.shape[0], 16):  # a few experts at a time: the weights are many GB
+            b_codes[first:first + 16] = (b[first:first + 16].float() / b_columns[first:first + 16, :, None]).to(FP8)
+        call = lambda: scaled(a_codes, b_codes.transpose(-2, -1), a_rows, b_columns, offs=offs, out_dtype=torch.bfloat16)
+        call()
+        result["scaled_tflops"] = flops / time_cuda(call, warmup_ms=50, rep_ms=200) / 1e9
+        result["fp8_over_scaled"] = result["fp8_tflops"] / result["scaled_tflops"]
+    except Exception as exc:  # a peer's failure is reported, not fatal
+        result["scaled_status"] = f"failed: {type(exc).__name__}: {exc}"[:200]
+    return result
 
 
 def copy_bandwidth() -> float:
@@ -172,13 +225,20 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
                 rows.append(row(layer, tokens, routing))
                 print(rows[-1], flush=True)
                 torch.cuda.empty_cache()  # the shape's tensors (up to 15 GB of weights) are gone
-    write_results(out_dir, NAME, "MoE grouped GEMM, bf16", rows, COLUMNS, environment(), notes=[__doc__])
+    write_results(out_dir, NAME, "MoE grouped GEMM, bf16 and FP8", rows, COLUMNS, environment(), notes=[__doc__])
     summary = [summary_row("grouped gemm", f"{r['case']}: kgen/torch grouped TFLOP/s", r.get("over_torch"), "x",
                            ">= 1.0", "WRONG" if r.get("rel_rms", 0.0) > AGREEMENT else verdict(r.get("over_torch"), 1.0, True))
                for r in rows if "over_floor" not in r]
     summary += [summary_row("grouped gemm", f"{r['case']}: time / selected weights at copy bandwidth", r["over_floor"],
                             "x", "<= 1.10", "WRONG" if r["rel_rms"] > AGREEMENT else verdict(r["over_floor"], 1.10, False))
                 for r in rows if "over_floor" in r]
+    # FP8: against float64 of its own dequantized inputs, so only its accumulation and bf16 rounding show.
+    summary += [summary_row("grouped gemm", f"{r['case']}: FP8 kgen/torch scaled grouped TFLOP/s", r.get("fp8_over_scaled"),
+                            "x", ">= 1.0", "WRONG" if r["fp8_rel_rms"] > AGREEMENT else verdict(r.get("fp8_over_scaled"), 1.0, True))
+                for r in rows if "fp8_tflops" in r]
+    summary += [summary_row("grouped gemm", f"{r['case']}: FP8 TFLOP/s", r["fp8_tflops"], "TFLOP/s", f">= {FP8_BAR_TFLOPS:.0f}",
+                            "WRONG" if r["fp8_rel_rms"] > AGREEMENT else verdict(r["fp8_tflops"], FP8_BAR_TFLOPS, True))
+                for r in rows if "fp8_tflops" in r]
     # The unfused path rounds gate and up to bf16 first: the two bf16 results agree to a few 1e-3.
     summary += [summary_row("grouped gemm", f"{r['case']}: fused SwiGLU+FP8 / unfused time", r["fused_over_unfused"],
                             "x", "<= 0.85", "WRONG" if r["swiglu_rel_rms"] > AGREEMENT else verdict(r["fused_over_unfused"],

@@ -23,5 +23,6 @@ ELEMENT_TYPES: dict[str, ElementType] = {
         ElementType("bf16", "__nv_bfloat16", 2, "bfloat16"),
         ElementType("fp16", "__half", 2, "float16"),
         ElementType("fp32", "float", 4, "float32"),
+        ElementType("e4m3", "__nv_fp8_e4m3", 1, "float8_e4m3fn"),  # FP8 inputs with block scales
     )
 }

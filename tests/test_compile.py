@@ -233,13 +233,23 @@ def test_decode_sass_is_mma_sync_with_its_loads_and_no_local_memory(name, tmp_pa
     assert not local, f"{name}: local memory accesses: {local[:5]}"
 
 
-@pytest.mark.parametrize("name", [v.name for v in _gdn_variants("grouped_gemm")], ids=lambda n: n.split("[")[1])
+def _grouped_gemm_variants():
+    """The bf16 variants, and the FP8 ones (their inputs e4m3, their result bf16)."""
+    family = kgen.registry.current().family("grouped_gemm")
+    return [v for v in family.variants if v.param_dict["dtype"] in ("bf16", "e4m3")]
+
+
+@pytest.mark.parametrize("name", [v.name for v in _grouped_gemm_variants()], ids=lambda n: n.split("[")[1])
 def test_grouped_gemm_sass_has_its_kernels_instructions_and_no_local_memory(name, tmp_path):
-    variant = next(v for v in _gdn_variants("grouped_gemm") if v.name == name)
+    variant = next(v for v in _grouped_gemm_variants() if v.name == name)
     params = variant.param_dict
     cubin, _ = _compiled(name)
     text = sass_by_function(cubin, tmp_path)["grouped_gemm"]
-    if params["mma"] == "wgmma":
+    if params["dtype"] == "e4m3":
+        # FP8: one n128 k32 product per 32 bytes of K, e4m3 from descriptors; TMA loads.
+        assert re.search(r"\bQGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[", text), f"{name}: no QGMMA 64x128x32 e4m3"
+        assert re.search(r"\bUTMALDG\.3D\b", text) and not _CP_ASYNC.search(text), name
+    elif params["mma"] == "wgmma":
         # One n256 product per k16 step (B's 256 rows: the column tile, or SwiGLU's gate and up), both operands
         # from descriptors; TMA loads; no cp.async.
         assert re.search(r"\bHGMMA\.64x256x16\.F32\.BF16 R\d+, gdesc\[", text), f"{name}: no HGMMA 64x256"

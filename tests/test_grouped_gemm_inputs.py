@@ -28,11 +28,60 @@ def test_non_cuda_and_non_tensor_inputs_are_refused_by_name():
         kgen.ops.grouped_gemm("a", x[None], torch.zeros(1, dtype=torch.int32))
 
 
-def test_fp8_scales_are_refused_by_name_until_fp8_is_built():
-    x = torch.zeros(4, 8)
+FP8 = torch.float8_e4m3fn
+
+
+def test_scales_go_with_fp8_inputs_only(fake):
+    a, b, offs = fake(10, 16), fake(3, 24, 16), fake(3, dtype=torch.int32)
     for name in ("a_scale", "b_scale"):
-        with pytest.raises(ValueError, match=f"^{name}: FP8 inputs with block scales are not built yet"):
-            kgen.ops.grouped_gemm(x, x[None], x[0], **{name: x})
+        with pytest.raises(ValueError, match=f"^{name}: block scales go with FP8"):
+            op.grouped_gemm(a, b, offs, **{name: fake(10, 1, dtype=torch.float32)})
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no a_scale", r"^a_scale: FP8 a and b need both block scales"),
+    ("no b_scale", r"^b_scale: FP8 a and b need both block scales"),
+    ("K", "^a: with FP8 inputs K = 192 must be a positive multiple of 128"),
+    ("N", "^b: with FP8 inputs N = 136 must be a multiple of 128"),
+    ("a_scale shape", r"^a_scale: expected shape \(10, 2\) \(a's rows by its K / 128 blocks\)"),
+    ("a_scale dtype", "^a_scale: expected dtype in"),
+    ("b_scale shape", r"^b_scale: expected shape \(3, 1, 2\) \(\[E, N / 128, K / 128\] of b\)"),
+    ("b_scale strided", "^b_scale: expected a contiguous tensor"),
+    ("out dtype", "^out: expected dtype in"),
+    ("swiglu", "^a: grouped_gemm_swiglu takes 16-bit a and b_gate_up"),
+])
+def test_fp8_arguments_are_refused_by_name(fake, case, message):
+    a, b, offs = fake(10, 256, dtype=FP8), fake(3, 128, 256, dtype=FP8), fake(3, dtype=torch.int32)
+    kwargs = {"a_scale": fake(10, 2, dtype=torch.float32), "b_scale": fake(3, 1, 2, dtype=torch.float32)}
+    if case == "swiglu":
+        with pytest.raises(ValueError, match=message):
+            op.grouped_gemm_swiglu(a, fake(3, 256, 256, dtype=FP8), offs)
+        return
+    if case == "no a_scale":
+        del kwargs["a_scale"]
+    elif case == "no b_scale":
+        del kwargs["b_scale"]
+    elif case == "K":
+        a, b = fake(10, 192, dtype=FP8), fake(3, 128, 192, dtype=FP8)
+    elif case == "N":
+        b = fake(3, 136, 256, dtype=FP8)
+    elif case == "a_scale shape":
+        kwargs["a_scale"] = fake(10, 1, dtype=torch.float32)
+    elif case == "a_scale dtype":
+        kwargs["a_scale"] = fake(10, 2)
+    elif case == "b_scale shape":
+        kwargs["b_scale"] = fake(3, 2, 1, dtype=torch.float32)
+    elif case == "b_scale strided":
+        kwargs["b_scale"] = fake(3, 1, 4, dtype=torch.float32).as_strided((3, 1, 2), (4, 4, 2))
+    elif case == "out dtype":  # FP8 inputs give bf16
+        kwargs["out"] = fake(10, 128, dtype=FP8)
+    with pytest.raises((TypeError, ValueError), match=message):
+        op.grouped_gemm(a, b, offs, **kwargs)
+
+
+def test_fp8_inputs_give_bf16(fake):
+    assert op.result_dtype_of(fake(4, 128, dtype=FP8)) is torch.bfloat16
+    assert op.result_dtype_of(fake(4, 128, dtype=torch.float16)) is torch.float16
 
 
 @pytest.mark.parametrize("case, message", [

@@ -39,9 +39,10 @@ def test_every_op_is_registered():
     schema = str(torch.ops.kgen.gated_delta_rule_step.default._schema)
     assert "Tensor(a5!) state" in schema  # the step declares the state it updates in place
     # The grouped GEMMs write into their results: rows of no group keep what they held.
-    grouped = {"grouped_gemm", "grouped_gemm_swiglu", "grouped_gemm_swiglu_quantize"}
-    for name in grouped:
-        assert "Tensor(a4!) out" in str(getattr(torch.ops.kgen, name).default._schema), name
+    out_argument = {"grouped_gemm": 4, "grouped_gemm_swiglu": 4, "grouped_gemm_swiglu_quantize": 4, "grouped_gemm_fp8": 6}
+    grouped = set(out_argument)
+    for name, position in out_argument.items():
+        assert f"Tensor(a{position}!) out" in str(getattr(torch.ops.kgen, name).default._schema), name
     for name in set(OPS) - {"gated_delta_rule_step"} - grouped:
         assert "!" not in str(getattr(torch.ops.kgen, name).default._schema), name
 
@@ -127,6 +128,10 @@ def test_public_functions_call_the_ops_while_compiling():
         assert scales.shape == (10, 1) and scales.stride() == (1, 12)
         masked = kgen.ops.grouped_gemm(cuda(3, 5, 16), cuda(3, 24, 16), masked_m=cuda(3, dtype=torch.int32))
         assert_like(masked, (3, 5, 24), BF16)
+        fp8 = torch.float8_e4m3fn  # FP8 inputs give bf16
+        assert_like(kgen.ops.grouped_gemm(cuda(10, 256, dtype=fp8), cuda(3, 128, 256, dtype=fp8), cuda(3, dtype=torch.int32),
+                                          a_scale=cuda(10, 2, dtype=torch.float32), b_scale=cuda(3, 1, 2, dtype=torch.float32)),
+                    (10, 128), BF16)
 
 
 def test_plans_rebuilt_from_their_recipes_are_the_same():

@@ -119,6 +119,17 @@ def moe() -> None:
         # As tests/grouped_gemm_kernels.py: the op takes `kernel`.
         with mock.patch.object(grouped_gemm_op, "first_runnable", lambda *args, **kwargs: kernel):
             grouped_gemms()
+    # FP8 inputs (wgmma alone): a group ending at a's last row, rows of no group, offs that pass the end (the
+    # scales of rows past a are never read), and the masked layout.
+    fp8 = torch.float8_e4m3fn
+    a = torch.randn((140, 256), device="cuda").to(fp8)
+    b = torch.randn((3, 256, 256), device="cuda").to(fp8)
+    for offs in ([0, 5, 135], [70, 60, 900]):
+        grouped_gemm(a, b, torch.tensor(offs, dtype=torch.int32, device="cuda"),
+                     a_scale=torch.rand((140, 2), device="cuda"), b_scale=torch.rand((3, 2, 2), device="cuda"))
+    grouped_gemm(torch.randn((4, 150, 128), device="cuda").to(fp8), torch.randn((4, 128, 128), device="cuda").to(fp8),
+                 masked_m=torch.tensor([3, 0, 200, -1], dtype=torch.int32, device="cuda"),
+                 a_scale=torch.rand((4, 150, 1), device="cuda"), b_scale=torch.rand((4, 1, 1), device="cuda"))
 
 
 def grouped_gemms() -> None:

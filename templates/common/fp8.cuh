@@ -2,6 +2,8 @@
 // by x * (1 / s). A NaN in a block propagates to its amax (max_keeping_nan), its scale and its codes.
 // Included into rendered sources with Jinja; the raw block keeps Jinja away from the asm operand lists.
 {% raw %}
+#include <cuda_fp8.h>  // __nv_fp8_e4m3, the spec's e4m3 elements
+
 namespace kgen {
 
 constexpr float kE4m3Max = 448.f, kMinAmax = 1e-4f;

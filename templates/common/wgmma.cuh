@@ -4,7 +4,7 @@
 //
 // Needs common/numeric.cuh, common/host_contract.cuh and common/swizzle.cuh. Two Jinja variables,
 // which the includer passes in a `with` block around the include: `wgmma_widths` (the N values it
-// uses) and `wgmma_input` (bf16 or f16). Each width gets its own asm, with one "+f" operand per
+// uses) and `wgmma_input` (bf16, f16, or e4m3: FP8, k32 products, K-major operands, shared-memory A). Each width gets its own asm, with one "+f" operand per
 // accumulator, generated below.
 //
 // Accumulators are float[N / 8][4]: thread t of the warpgroup holds, for column block j,
@@ -84,6 +84,23 @@ template <int kN, int kTransB> __device__ void wgmma_rs(float (&d)[kN / 8][4], c
                                                           unsigned long long b, bool accumulate);
 {% macro accumulators(n) %}{% for i in range(n // 2) %}"+f"(d[{{ i // 4 }}][{{ i % 4 }}]){{ ", " if not loop.last }}{% endfor %}{% endmacro %}
 {% macro registers(first, count) %}{% for i in range(first, first + count) %}%{{ i }}{{ ", " if not loop.last }}{% endfor %}{% endmacro %}
+{% if wgmma_input == "e4m3" %}
+// FP8 (e4m3): k32 a product, both operands K-major (wgmma transposes 16-bit types only), A from shared memory.
+constexpr int kWgmmaK = 32;
+{% for n in wgmma_widths %}
+
+template <> __device__ __forceinline__ void wgmma_ss<{{ n }}, 0, 0>(
+        float (&d)[{{ n // 8 }}][4], unsigned long long a, unsigned long long b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ n // 2 + 2 }}, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n{{ n }}k32.f32.e4m3.e4m3 "
+        "{ {{- registers(0, n // 2) -}} }, %{{ n // 2 }}, %{{ n // 2 + 1 }}, p, 1, 1;\n}\n"
+        : {{ accumulators(n) }}
+        : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+{% endfor %}
+{% else %}
+constexpr int kWgmmaK = 16;  // the reduction of one product
 {% for n in wgmma_widths %}
 {% for trans_b in (0, 1) %}
 {% for trans_a in (0, 1) %}
@@ -110,5 +127,6 @@ template <> __device__ __forceinline__ void wgmma_rs<{{ n }}, {{ trans_b }}>(flo
 }
 {% endfor %}
 {% endfor %}
+{% endif %}
 
 }  // namespace kgen

@@ -4,13 +4,14 @@
 // and up tiles), into kStages stages, each with a full mbarrier (TMA's bytes landed) and an empty one (every
 // consumer warp is done reading). Each consumer warpgroup owns 64 rows: per stage four wgmma m64 x kBRows x k16
 // from shared memory into its fp32 accumulators, the products of one stage in flight while the next stage's are
-// issued. SwiGLU's gate and up tiles lie one after the other in shared memory, so one wgmma computes both: a
+// issued (FP8: four k32 products per 128-wide K block into the block's own accumulators, waited for, then scaled
+// and added to the result's). SwiGLU's gate and up tiles lie one after the other in shared memory, so one wgmma computes both: a
 // thread's column blocks j and j + kTileN / 8 are the gate and the up product of the same output columns.
 // K past num_k and rows past the tensors load as zeros (TMA's out-of-bounds fill), so only N needs checks.
 // Needs kernel.cu.j2's variant constants and schedule.
 {% include "common/swizzle.cuh" %}
 {% include "common/tma.cuh" %}
-{% with wgmma_widths = [tile_n if epilogue == "none" else 2 * tile_n], wgmma_input = "bf16" if dtype == "bf16" else "f16" %}
+{% with wgmma_widths = [tile_n if epilogue == "none" else 2 * tile_n], wgmma_input = {"bf16": "bf16", "fp16": "f16", "e4m3": "e4m3"}[dtype] %}
 {% include "common/wgmma.cuh" %}
 {% endwith %}
 {% include "common/warp_roles.cuh" %}
@@ -21,7 +22,7 @@ constexpr int kConsumerGroups = kTileM / 64;  // a warpgroup per 64 rows
 constexpr int kConsumerWarps = kConsumerGroups * 4;
 constexpr int kThreads = (kConsumerGroups + 1) * kgen::kWarpgroupThreads;
 constexpr int kBoxRows = 128;                      // rows of one TMA box (the host's maps)
-constexpr int kRowBytes = kTileK * static_cast<int>(sizeof(T));
+constexpr int kRowBytes = kTileK * static_cast<int>(sizeof(TIn));
 constexpr int kABytes = kTileM * kRowBytes, kBBytes = kBRows * kRowBytes, kStageBytes = kABytes + kBBytes;
 constexpr int kBarrierBytes = 16 * kStages;       // a full and an empty mbarrier per stage
 // The epilogue stages each warp's 16 result rows in shared memory and stores them 16 bytes a lane, whole rows
@@ -34,7 +35,8 @@ constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 
 static_assert(kTileM == 64 || kTileM == 128, "grouped_gemm: with mma=wgmma, tile_m must be 64 or 128 (a consumer warpgroup per 64 rows)");
 static_assert({{ num_warps }} == kConsumerWarps, "grouped_gemm: with mma=wgmma, num_warps counts the consumer warps and must be tile_m / 16");
-static_assert(kRowBytes == 128, "grouped_gemm: with mma=wgmma, tile_k must be 64 (one 128-byte swizzle span per row)");
+static_assert(kRowBytes == 128, "grouped_gemm: with mma=wgmma, tile_k must make rows of one 128-byte swizzle span (64 16-bit "
+                                "or 128 FP8 values)");
 static_assert(kBRows % kBoxRows == 0 && kBRows <= 256,
               "grouped_gemm: with mma=wgmma, B's rows per tile (tile_n, twice that for SwiGLU) must be 128 or 256");
 static_assert({{ min_blocks_per_sm }} == 1, "grouped_gemm: with mma=wgmma, min_blocks_per_sm must be 1 (setmaxnreg needs one block per SM)");
@@ -135,10 +137,36 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
             const int stage = step % kStages;
             const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
             kgen::mbarrier_wait(barriers.full(stage), (step / kStages) & 1);
+            if constexpr (kFp8) {
+                // Two-level accumulation: this K block's product alone, then scaled by a's scales (the thread's two
+                // rows; none past the tensor, whose rows load as zeros) and b's (the tile's 128 columns) and added
+                // to the fp32 result outside the tensor core, whose FP8 accumulation is narrower than fp32.
+                const long long scale_k = num_k / kScaleBlock, row = tile.owner.first_row + thread_row;
+                const float a_low = row < num_rows ? a_scale[row * scale_k + kt] : 0.f;
+                const float a_high = row + 8 < num_rows ? a_scale[(row + 8) * scale_k + kt] : 0.f;
+                const float b_block = b_scale[(tile.owner.expert * (num_n / kScaleBlock) + tile.column_tile) * scale_k + kt];
+                float part[kBRows / 8][4];
+                kgen::wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too
+                    kgen::wgmma_ss<kBRows, 0>(part, kgen::k_major_descriptor(stage_a + 32 * kk),
+                                              kgen::k_major_descriptor(stage_b + 32 * kk), kk > 0);
+                }
+                kgen::wgmma_commit();
+                kgen::wgmma_wait<0>();
+                kgen::fence_operands(part);
+                if (lane == 0) kgen::mbarrier_arrive(barriers.empty(stage));
+                const float scale[2] = {a_low * b_block, a_high * b_block};
+#pragma unroll
+                for (int j = 0; j < kBRows / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[j][e] = kt > 0 ? fmaf(part[j][e], scale[e / 2], acc[j][e]) : part[j][e] * scale[e / 2];
+                continue;
+            }
             kgen::fence_operands(acc);
             kgen::wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < kTileK / 16; ++kk) {  // a k16 step moves 32 bytes inside the swizzled rows
+            for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k16 step moves 32 bytes inside the swizzled rows
                 kgen::wgmma_ss<kBRows, 0>(acc, kgen::k_major_descriptor(stage_a + 32 * kk), kgen::k_major_descriptor(stage_b + 32 * kk),
                                           kt > 0 || kk > 0);
             }
@@ -148,9 +176,11 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
             kgen::fence_operands(acc);
             if (kt > 0 && lane == 0) kgen::mbarrier_arrive(barriers.empty((step - 1) % kStages));
         }
-        kgen::wgmma_wait<0>();
-        kgen::fence_operands(acc);
-        if (lane == 0) kgen::mbarrier_arrive(barriers.empty((step - 1) % kStages));  // the producer loads on meanwhile
+        if constexpr (!kFp8) {  // (the FP8 loop released every stage itself)
+            kgen::wgmma_wait<0>();
+            kgen::fence_operands(acc);
+            if (lane == 0) kgen::mbarrier_arrive(barriers.empty((step - 1) % kStages));  // the producer loads on meanwhile
+        }
         // The host takes K = 0 to the mma_sync kernel (a TMA map needs K > 0), yet this branch stays: without it
         // ptxas (NVRTC 13.0) serialises the fp16 kernel's wgmma (C7514), which kgen build refuses.
         if (k_tiles == 0) {

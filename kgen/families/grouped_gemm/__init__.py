@@ -12,7 +12,7 @@ from kgen.families.grouped_gemm import library, op
 from kgen.runtime.checks import refuse_grad
 
 #: The public ops of this package, for tests that walk every op.
-OPS = ("grouped_gemm", "grouped_gemm_swiglu", "grouped_gemm_swiglu_quantize")
+OPS = ("grouped_gemm", "grouped_gemm_fp8", "grouped_gemm_swiglu", "grouped_gemm_swiglu_quantize")
 
 
 def grouped_gemm(a, b, offs=None, *, masked_m=None, a_scale=None, b_scale=None, out=None):

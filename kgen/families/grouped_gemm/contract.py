@@ -7,8 +7,13 @@ from typing import Any, Mapping
 from kgen.contract import LaunchContract, SWIZZLE_ALIGNMENT, WARPGROUP_THREADS, parameters
 from kgen.dtypes import ELEMENT_TYPES
 
-_COMMON = ("const T* a, const T* b, const int* offs, T* out, long long num_rows, long long num_n, long long num_k, "
-           "long long num_experts, long long row_tiles, long long column_tiles, long long masked_rows")
+_COMMON = ("const TIn* a, const TIn* b, const float* a_scale, const float* b_scale, const int* offs, T* out, "
+           "long long num_rows, long long num_n, long long num_k, long long num_experts, long long row_tiles, "
+           "long long column_tiles, long long masked_rows")
+#: FP8 inputs give a bf16 result; 16-bit inputs one of their own type.
+FP8_RESULT_DTYPE = "bf16"
+#: FP8's scale blocks: a's 1 x SCALE_BLOCK per row, b's SCALE_BLOCK x SCALE_BLOCK.
+SCALE_BLOCK = 128
 #: Per epilogue: swiglu_quantize also writes the FP8 codes and their MN-major scales.
 _EPILOGUE_PARAMETERS = {"none": "", "swiglu": "", "swiglu_quantize": ", unsigned char* out_fp8, float* scales, long long scales_stride"}
 #: Per kernel: wgmma loads a and b by TMA, through descriptors of boxes of TMA_BOX_ROWS rows.
@@ -22,15 +27,20 @@ def b_rows_per_column(epilogue: str) -> int:
     return 1 if epilogue == "none" else 2
 
 
+def result_dtype(dtype: str) -> str:
+    """The result's dtype (a spec name) for inputs of ``dtype``."""
+    return FP8_RESULT_DTYPE if ELEMENT_TYPES[dtype].itemsize == 1 else dtype
+
+
 def _grouped_gemm(params: Mapping[str, Any]) -> LaunchContract:
-    itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
+    itemsize, out_itemsize = ELEMENT_TYPES[params["dtype"]].itemsize, ELEMENT_TYPES[result_dtype(params["dtype"])].itemsize
     stage_rows = params["tile_m"] + b_rows_per_column(params["epilogue"]) * params["tile_n"]
     if params["mma"] == "wgmma":
         # wgmma.cuh: num_warps consumer warps and a producer warpgroup; swizzled stages on a 1024-byte boundary,
         # then a full and an empty mbarrier (8 bytes each) per stage, then the epilogue's staging rows (padded by
         # 16 bytes): the result's, and the FP8 codes'.
         threads = params["num_warps"] * 32 + WARPGROUP_THREADS
-        staging_row = params["tile_n"] * itemsize + 16 + (params["tile_n"] + 16 if params["epilogue"] == "swiglu_quantize" else 0)
+        staging_row = params["tile_n"] * out_itemsize + 16 + (params["tile_n"] + 16 if params["epilogue"] == "swiglu_quantize" else 0)
         smem = (SWIZZLE_ALIGNMENT + params["stages"] * (stage_rows * params["tile_k"] * itemsize + 16) +
                 params["tile_m"] * staging_row)
     else:
@@ -40,7 +50,8 @@ def _grouped_gemm(params: Mapping[str, Any]) -> LaunchContract:
     return LaunchContract(
         threads=threads,
         dynamic_smem_bytes=smem,
-        sizes={"tile_m": params["tile_m"], "tile_n": params["tile_n"], "tile_k": params["tile_k"], "box_rows": TMA_BOX_ROWS},
+        sizes={"tile_m": params["tile_m"], "tile_n": params["tile_n"], "tile_k": params["tile_k"], "box_rows": TMA_BOX_ROWS,
+               "result_bytes": out_itemsize, "scale_block": SCALE_BLOCK},
         parameters={"grouped_gemm": parameters(_MMA_PARAMETERS[params["mma"]] + _COMMON + _EPILOGUE_PARAMETERS[params["epilogue"]])},
     )
 

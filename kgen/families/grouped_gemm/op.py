@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kgen.families.grouped_gemm.contract import TMA_BOX_ROWS, TMA_SPAN_BYTES
+from kgen.dtypes import ELEMENT_TYPES
+from kgen.families.grouped_gemm.contract import SCALE_BLOCK, TMA_BOX_ROWS, TMA_SPAN_BYTES, result_dtype
 from kgen.families.quantize_fp8_blockwise.contract import BLOCK as QUANTIZE_BLOCK
 from kgen.families.quantize_fp8_blockwise.op import new_results as new_fp8_results
 from kgen.runtime import tma
@@ -38,26 +39,63 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = N
     """One GEMM per expert over its rows: ``out[rows of e] = a[rows of e] @ b[e].T``.
 
     Args:
-        a: ``[M, K]`` bf16 or fp16, contiguous: rows grouped by expert. K a multiple of 8.
-        b: ``[E, N, K]``, a's dtype, contiguous: each expert's weight, K contiguous. N a multiple of 8.
+        a: ``[M, K]`` bf16, fp16 or FP8 (``torch.float8_e4m3fn``), contiguous: rows grouped by expert. K a
+            multiple of 8 (FP8: a positive multiple of 128).
+        b: ``[E, N, K]``, a's dtype, contiguous: each expert's weight, K contiguous. N a multiple of 8 (FP8: of
+            128).
         {offs}
-        a_scale, b_scale: the FP8 path's block scales; FP8 is not built yet (issue 26), so they must be None.
-        out: optional ``[M, N]`` result, a's dtype, contiguous, sharing no memory with a or b. Rows of no group
-            (from the last group's end on; masked: past masked_m) are never written: they keep what ``out``
-            held (undefined for a new result).
+        a_scale, b_scale: FP8 only, and then both: fp32 block scales, DeepGEMM's recipe. ``a_scale`` ``[M, K /
+            128]`` (masked: ``[E, M_max, K / 128]``), one per row and 128-wide K block; ``b_scale`` ``[E, N / 128,
+            K / 128]``, one per 128 x 128 block of b. Both contiguous. The value of a's element is its code times
+            its block's scale, as :func:`kgen.ops.quantize_fp8_blockwise` makes them. Each K block's product is
+            scaled and added to the result in fp32 outside the tensor core.
+        out: optional ``[M, N]`` result, contiguous, sharing no memory with a or b: a's dtype, or bf16 for FP8
+            inputs. Rows of no group (from the last group's end on; masked: past masked_m) are never written:
+            they keep what ``out`` held (undefined for a new result).
 
     Returns:
-        ``out``, ``[M, N]`` (masked: ``[E, M_max, N]``) in a's dtype. Accumulation is fp32; each row depends on its
-        own row of a alone.
+        ``out``, ``[M, N]`` (masked: ``[E, M_max, N]``) in a's dtype (bf16 for FP8 inputs). Accumulation is fp32;
+        each row depends on its own row of a alone.
     """
-    if a_scale is not None or b_scale is not None:
-        name = "a_scale" if a_scale is not None else "b_scale"
-        raise ValueError(f"{name}: FP8 inputs with block scales are not built yet; pass bf16 or fp16 a and b "
-                         f"without scales")
     groups = _checked(a, b, "b", offs, masked_m, 1, "[E, N, K] with a's K")
+    scaled = _checked_scales(a, b, a_scale, b_scale)
     out = _result(out, a, b, "b", groups)
-    _launch("none", a, b, groups, out)
+    _launch("none", a, b, groups, out, **({"a_scale": a_scale.data_ptr(), "b_scale": b_scale.data_ptr()} if scaled else {}))
     return out
+
+
+def result_dtype_of(a: torch.Tensor) -> torch.dtype:
+    """The result's dtype for inputs like ``a``: a's own, or bf16 for FP8 (the contract's ``result_dtype``)."""
+    return getattr(torch, ELEMENT_TYPES[result_dtype(DTYPE_NAMES[a.dtype])].torch_name)
+
+
+def _checked_scales(a, b, a_scale, b_scale) -> bool:
+    """Whether the call is FP8 (with its block scales, each checked by name) or 16-bit (with none)."""
+    if a.element_size() != 1:
+        if a_scale is not None or b_scale is not None:
+            name = "a_scale" if a_scale is not None else "b_scale"
+            raise ValueError(f"{name}: block scales go with FP8 (float8_e4m3fn) a and b; a is {a.dtype}")
+        return False
+    for name, scale in (("a_scale", a_scale), ("b_scale", b_scale)):
+        if scale is None:
+            raise ValueError(f"{name}: FP8 a and b need both block scales (a_scale [rows, K / {SCALE_BLOCK}], "
+                             f"b_scale [E, N / {SCALE_BLOCK}, K / {SCALE_BLOCK}], fp32)")
+    depth, columns = a.shape[-1], b.shape[1]
+    if depth == 0 or depth % SCALE_BLOCK:
+        raise ValueError(f"a: with FP8 inputs K = {depth} must be a positive multiple of {SCALE_BLOCK} (whole scale "
+                         f"blocks)")
+    if columns % SCALE_BLOCK:
+        raise ValueError(f"b: with FP8 inputs N = {columns} must be a multiple of {SCALE_BLOCK} (whole scale blocks)")
+    blocks = depth // SCALE_BLOCK
+    check_tensor("a_scale", a_scale, ndim=a.dim(), dtypes=(torch.float32,), device=a.device)
+    check_shape("a_scale", a_scale, (*a.shape[:-1], blocks), f"a's rows by its K / {SCALE_BLOCK} blocks")
+    check_tensor("b_scale", b_scale, ndim=3, dtypes=(torch.float32,), device=a.device)
+    check_shape("b_scale", b_scale, (b.shape[0], columns // SCALE_BLOCK, blocks),
+                f"[E, N / {SCALE_BLOCK}, K / {SCALE_BLOCK}] of b")
+    for name, scale in (("a_scale", a_scale), ("b_scale", b_scale)):
+        if not scale.is_contiguous():  # read as [rows, blocks] and [E, N blocks, K blocks] with unit strides
+            raise ValueError(f"{name}: expected a contiguous tensor, got strides {scale.stride()}")
+    return True
 
 
 def grouped_gemm_swiglu(a: torch.Tensor, b_gate_up: torch.Tensor, offs: torch.Tensor | None = None, *,
@@ -127,6 +165,9 @@ class Groups:
 
 def checked_swiglu(a, b_gate_up, offs, masked_m, out, quantize_out: bool) -> tuple[Groups, torch.Tensor]:
     """The checks of :func:`grouped_gemm_swiglu`; its grouping and ``out`` (the caller's, or a new one)."""
+    if a.element_size() == 1:
+        raise ValueError(f"a: grouped_gemm_swiglu takes 16-bit a and b_gate_up, got {a.dtype} (FP8 inputs: "
+                         f"grouped_gemm with a_scale and b_scale)")
     groups = _checked(a, b_gate_up, "b_gate_up", offs, masked_m, 2, "[E, 2I, K] with a's K: gate rows, then up rows")
     columns = groups.out_shape[-1]
     if quantize_out and columns % QUANTIZE_BLOCK:
@@ -170,13 +211,14 @@ def _checked(a, b, b_name: str, offs, masked_m, rows_per_column: int, b_shape: s
 
 def _result(out, a, b, b_name: str, groups: Groups) -> torch.Tensor:
     """The caller's out, checked, or a new one; a and b checked dense last (their shapes are known by then)."""
+    result = result_dtype_of(a)
     if out is not None:
-        check_tensor("out", out, ndim=len(groups.out_shape), dtypes=(a.dtype,), device=a.device)
+        check_tensor("out", out, ndim=len(groups.out_shape), dtypes=(result,), device=a.device)
         check_shape("out", out, groups.out_shape, f"a's rows by the columns of {b_name}")
     check_dense_rows("a", a)
     check_dense_rows(b_name, b)
     if out is None:
-        return a.new_empty(groups.out_shape)
+        return a.new_empty(groups.out_shape, dtype=result)
     check_dense_rows("out", out)
     check_no_overlap("out", out, a=a, **{b_name: b})
     return out
@@ -206,7 +248,8 @@ def _launch(epilogue: str, a, b, groups: Groups, out, **extra) -> None:
     kernel = incomplete if columns % sizes["tile_n"] or depth % sizes["tile_k"] else full
     kernel.launch(grid, a=a.data_ptr(), b=b.data_ptr(), offs=groups.tensor.data_ptr(),
                   out=out.data_ptr(), num_rows=rows, num_n=columns, num_k=depth, num_experts=experts,
-                  row_tiles=row_tiles, column_tiles=column_tiles, masked_rows=groups.masked_rows, **extra)
+                  row_tiles=row_tiles, column_tiles=column_tiles, masked_rows=groups.masked_rows,
+                  **{"a_scale": 0, "b_scale": 0, **extra})  # scales: FP8 only
 
 
 @functools.cache
