@@ -65,9 +65,11 @@ def make_case(sizes, spare, n, k, seed):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sizes=st.lists(st.sampled_from([0, 1, 7, 64, 127, 128, 129, 300]), min_size=1, max_size=6),
        spare=st.integers(0, 40), n=st.sampled_from([128, 256, 384]), k=st.sampled_from([128, 256, 640]),
-       seed=st.integers(0, 2**31 - 1))
-def test_every_group_against_float64_of_the_dequantized_inputs(sizes, spare, n, k, seed):
+       mn_major=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_every_group_against_float64_of_the_dequantized_inputs(sizes, spare, n, k, mn_major, seed):
     a, a_scale, b, b_scale, offs_host = make_case(sizes, spare, n, k, seed)
+    if mn_major:  # a's scales as kgen.ops.quantize_fp8_blockwise lays them out: column blocks apart
+        a_scale = a_scale.t().contiguous().t()
     offs = torch.tensor(offs_host, dtype=torch.int32, device="cuda")
     out = torch.full((a.shape[0], n), float("nan"), device="cuda", dtype=torch.bfloat16)
     assert kgen.ops.grouped_gemm(a, b, offs, a_scale=a_scale, b_scale=b_scale, out=out) is out
@@ -110,6 +112,18 @@ def test_masked_layout_replayed_in_a_cuda_graph_with_new_masked_m():
         for e, count in enumerate(counts):
             rows = dequantized(a[e], a_scale[e], 1)
             check(rows, b_values[e:e + 1], [count], out[e], range(count, m_max))
+
+
+def test_the_quantizers_own_scales_go_in_as_they_are():
+    # kgen.ops.quantize_fp8_blockwise's codes and MN-major scales straight into the grouped GEMM.
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(200, 256, generator=gen, device="cuda", dtype=torch.bfloat16)
+    codes, scales = kgen.ops.quantize_fp8_blockwise(x)
+    b, b_scale = quantize_weights(torch.randn(2, 128, 256, generator=gen, device="cuda"))
+    offs_host = [150, 200]
+    out = kgen.ops.grouped_gemm(codes, b, torch.tensor(offs_host, dtype=torch.int32, device="cuda"), a_scale=scales,
+                                b_scale=b_scale)
+    check(dequantized(codes, scales, 1), dequantized(b, b_scale, BLOCK), offs_host, out, [])
 
 
 def test_torch_compile_fullgraph_matches_eager():

@@ -47,6 +47,7 @@ def test_scales_go_with_fp8_inputs_only(fake):
     ("a_scale dtype", "^a_scale: expected dtype in"),
     ("b_scale shape", r"^b_scale: expected shape \(3, 1, 2\) \(\[E, N / 128, K / 128\] of b\)"),
     ("b_scale strided", "^b_scale: expected a contiguous tensor"),
+    ("masked a_scale experts apart", r"^a_scale: the experts' rows must follow each other"),
     ("out dtype", "^out: expected dtype in"),
     ("swiglu", "^a: grouped_gemm_swiglu takes 16-bit a and b_gate_up"),
 ])
@@ -73,6 +74,10 @@ def test_fp8_arguments_are_refused_by_name(fake, case, message):
         kwargs["b_scale"] = fake(3, 2, 1, dtype=torch.float32)
     elif case == "b_scale strided":
         kwargs["b_scale"] = fake(3, 1, 4, dtype=torch.float32).as_strided((3, 1, 2), (4, 4, 2))
+    elif case == "masked a_scale experts apart":  # a [E, M_max, K]: its scales' rows must run on across experts
+        a, offs = fake(3, 5, 256, dtype=FP8), None
+        kwargs["masked_m"] = fake(3, dtype=torch.int32)
+        kwargs["a_scale"] = fake(3, 6, 2, dtype=torch.float32).as_strided((3, 5, 2), (12, 2, 1))
     elif case == "out dtype":  # FP8 inputs give bf16
         kwargs["out"] = fake(10, 128, dtype=FP8)
     with pytest.raises((TypeError, ValueError), match=message):

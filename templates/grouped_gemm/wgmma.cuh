@@ -142,8 +142,9 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                 // rows; none past the tensor, whose rows load as zeros) and b's (the tile's 128 columns) and added
                 // to the fp32 result outside the tensor core, whose FP8 accumulation is narrower than fp32.
                 const long long scale_k = num_k / kScaleBlock, row = tile.owner.first_row + thread_row;
-                const float a_low = row < num_rows ? a_scale[row * scale_k + kt] : 0.f;
-                const float a_high = row + 8 < num_rows ? a_scale[(row + 8) * scale_k + kt] : 0.f;
+                const float* const a_block = a_scale + kt * a_scale_block_stride;  // row-major or MN-major
+                const float a_low = row < num_rows ? a_block[row * a_scale_row_stride] : 0.f;
+                const float a_high = row + 8 < num_rows ? a_block[(row + 8) * a_scale_row_stride] : 0.f;
                 const float b_block = b_scale[(tile.owner.expert * (num_n / kScaleBlock) + tile.column_tile) * scale_k + kt];
                 float part[kBRows / 8][4];
                 kgen::wgmma_fence();

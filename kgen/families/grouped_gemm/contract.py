@@ -7,7 +7,8 @@ from typing import Any, Mapping
 from kgen.contract import LaunchContract, SWIZZLE_ALIGNMENT, WARPGROUP_THREADS, parameters
 from kgen.dtypes import ELEMENT_TYPES
 
-_COMMON = ("const TIn* a, const TIn* b, const float* a_scale, const float* b_scale, const int* offs, T* out, "
+_COMMON = ("const TIn* a, const TIn* b, const float* a_scale, long long a_scale_row_stride, long long a_scale_block_stride, "
+           "const float* b_scale, const int* offs, T* out, "
            "long long num_rows, long long num_n, long long num_k, long long num_experts, long long row_tiles, "
            "long long column_tiles, long long masked_rows")
 #: FP8 inputs give a bf16 result; 16-bit inputs one of their own type.

@@ -45,8 +45,9 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = N
             128).
         {offs}
         a_scale, b_scale: FP8 only, and then both: fp32 block scales, DeepGEMM's recipe. ``a_scale`` ``[M, K /
-            128]`` (masked: ``[E, M_max, K / 128]``), one per row and 128-wide K block; ``b_scale`` ``[E, N / 128,
-            K / 128]``, one per 128 x 128 block of b. Both contiguous. The value of a's element is its code times
+            128]`` (masked: ``[E, M_max, K / 128]``), one per row and 128-wide K block, in any strides (the
+            MN-major ones :func:`kgen.ops.quantize_fp8_blockwise` returns, or row-major); ``b_scale`` ``[E, N / 128,
+            K / 128]``, one per 128 x 128 block of b, contiguous. The value of a's element is its code times
             its block's scale, as :func:`kgen.ops.quantize_fp8_blockwise` makes them. Each K block's product is
             scaled and added to the result in fp32 outside the tensor core.
         out: optional ``[M, N]`` result, contiguous, sharing no memory with a or b: a's dtype, or bf16 for FP8
@@ -60,7 +61,11 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = N
     groups = _checked(a, b, "b", offs, masked_m, 1, "[E, N, K] with a's K")
     scaled = _checked_scales(a, b, a_scale, b_scale)
     out = _result(out, a, b, "b", groups)
-    _launch("none", a, b, groups, out, **({"a_scale": a_scale.data_ptr(), "b_scale": b_scale.data_ptr()} if scaled else {}))
+    if scaled:  # a's scales by row and K block, with the strides they have (a masked a's rows run on across experts)
+        _launch("none", a, b, groups, out, a_scale=a_scale.data_ptr(), a_scale_row_stride=a_scale.stride(-2),
+                a_scale_block_stride=a_scale.stride(-1), b_scale=b_scale.data_ptr())
+    else:
+        _launch("none", a, b, groups, out)
     return out
 
 
@@ -92,9 +97,13 @@ def _checked_scales(a, b, a_scale, b_scale) -> bool:
     check_tensor("b_scale", b_scale, ndim=3, dtypes=(torch.float32,), device=a.device)
     check_shape("b_scale", b_scale, (b.shape[0], columns // SCALE_BLOCK, blocks),
                 f"[E, N / {SCALE_BLOCK}, K / {SCALE_BLOCK}] of b")
-    for name, scale in (("a_scale", a_scale), ("b_scale", b_scale)):
-        if not scale.is_contiguous():  # read as [rows, blocks] and [E, N blocks, K blocks] with unit strides
-            raise ValueError(f"{name}: expected a contiguous tensor, got strides {scale.stride()}")
+    # a_scale is read by row and K block with its own strides (quantize_fp8_blockwise's MN-major scales as they
+    # are, or row-major ones); a masked a's experts must follow each other as its rows do. b_scale is dense.
+    if a_scale.dim() == 3 and a_scale.shape[0] > 1 and a_scale.stride(0) != a_scale.shape[1] * a_scale.stride(1):
+        raise ValueError(f"a_scale: the experts' rows must follow each other (stride(0) = M_max x stride(1)), got "
+                         f"strides {a_scale.stride()}")
+    if not b_scale.is_contiguous():
+        raise ValueError(f"b_scale: expected a contiguous tensor, got strides {b_scale.stride()}")
     return True
 
 
@@ -249,7 +258,7 @@ def _launch(epilogue: str, a, b, groups: Groups, out, **extra) -> None:
     kernel.launch(grid, a=a.data_ptr(), b=b.data_ptr(), offs=groups.tensor.data_ptr(),
                   out=out.data_ptr(), num_rows=rows, num_n=columns, num_k=depth, num_experts=experts,
                   row_tiles=row_tiles, column_tiles=column_tiles, masked_rows=groups.masked_rows,
-                  **{"a_scale": 0, "b_scale": 0, **extra})  # scales: FP8 only
+                  **{"a_scale": 0, "a_scale_row_stride": 0, "a_scale_block_stride": 0, "b_scale": 0, **extra})  # FP8 only
 
 
 @functools.cache
