@@ -92,10 +92,24 @@ def test_the_error_beside_the_bf16_kernels_on_the_same_values():
     assert fp8_error <= 2 * bf16_error + 1e-3, (fp8_error, bf16_error)
 
 
+def test_a_block_takes_many_tiles():
+    # More tiles than SMs: each persistent block runs several, so the stages, the step count and the result's
+    # reset at each tile's first K block carry over from tile to tile.
+    sizes, n, k = [2000, 1, 0, 2100], 768, 256
+    a, a_scale, b, b_scale, offs_host = make_case(sizes, 5, n, k, 13)
+    assert (sum(-(-size // 128) for size in sizes) * n // 128) > torch.cuda.get_device_properties(0).multi_processor_count
+    offs = torch.tensor(offs_host, dtype=torch.int32, device="cuda")
+    out = torch.full((a.shape[0], n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    kgen.ops.grouped_gemm(a, b, offs, a_scale=a_scale, b_scale=b_scale, out=out)
+    check(dequantized(a, a_scale, 1), dequantized(b, b_scale, BLOCK), offs_host, out, range(sum(sizes), a.shape[0]))
+
+
 def test_masked_layout_replayed_in_a_cuda_graph_with_new_masked_m():
     experts, m_max, n, k = 4, 96, 256, 384
     gen = torch.Generator(device="cuda").manual_seed(3)
-    a, a_scale = quantize_rows(torch.randn(experts, m_max, k, generator=gen, device="cuda"))
+    a, a_scale = quantize_rows(torch.randn(experts * m_max, k, generator=gen, device="cuda"))
+    # MN-major scales, as kgen.ops.quantize_fp8_blockwise makes them, the experts' rows running on.
+    a, a_scale = a.view(experts, m_max, k), a_scale.t().contiguous().t().view(experts, m_max, k // BLOCK)
     b, b_scale = quantize_weights(torch.randn(experts, n, k, generator=gen, device="cuda"))
     masked_m = torch.tensor([96, 0, 1, 50], dtype=torch.int32, device="cuda")
     out = torch.full((experts, m_max, n), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -104,12 +118,12 @@ def test_masked_layout_replayed_in_a_cuda_graph_with_new_masked_m():
     with torch.cuda.graph(graph):
         kgen.ops.grouped_gemm(a, b, masked_m=masked_m, a_scale=a_scale, b_scale=b_scale, out=out)
     b_values = dequantized(b, b_scale, BLOCK)
-    for counts in ([5, 96, 0, 17], [96, 0, 1, 50]):
-        masked_m.copy_(torch.tensor(counts, dtype=torch.int32))
+    for given in ([5, 96, 0, 17], [96, 0, 1, 50], [-1, 200, 95, 3]):  # clamped into [0, M_max]
+        masked_m.copy_(torch.tensor(given, dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        for e, count in enumerate(counts):
+        for e, count in enumerate(min(max(c, 0), m_max) for c in given):
             rows = dequantized(a[e], a_scale[e], 1)
             check(rows, b_values[e:e + 1], [count], out[e], range(count, m_max))
 

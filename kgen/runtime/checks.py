@@ -46,14 +46,19 @@ def check_dense_rows(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected a 16-byte aligned data pointer (a view with an odd offset?)")
 
 
-def check_no_overlap(name: str, t: torch.Tensor, **inputs: torch.Tensor) -> None:
-    """A result shares no byte with the inputs (dense tensors) its kernel reads while writing it, in no order
-    between blocks."""
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes from ``t``'s first element to just past its last, whatever its (non-negative) strides."""
     start = t.data_ptr()
-    end = start + t.numel() * t.element_size()
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
+def check_no_overlap(name: str, t: torch.Tensor, **inputs: torch.Tensor) -> None:
+    """A result shares no byte with the inputs its kernel reads while writing it, in no order between blocks (each
+    taken as the whole range its strides span)."""
+    start, end = _byte_range(t)
     for other_name, other in inputs.items():
-        other_start = other.data_ptr()
-        other_end = other_start + other.numel() * other.element_size()
+        other_start, other_end = _byte_range(other)
         if start < other_end and other_start < end and t.numel() and other.numel():
             raise ValueError(f"{name}: overlaps {other_name} in memory; the kernel reads {other_name} while it writes "
                              f"{name}")

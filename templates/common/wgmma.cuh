@@ -1,11 +1,12 @@
-// Warpgroup matrix multiply-accumulate (wgmma, sm_90a): D[64 x N] (+)= A[64 x 16] B[16 x N],
-// fp32 accumulators, 16-bit inputs. A comes from shared memory (SS form) or from registers
-// (RS form); B always from shared memory, described by a 64-bit matrix descriptor.
+// Warpgroup matrix multiply-accumulate (wgmma, sm_90a): D[64 x N] (+)= A[64 x kWgmmaK] B[kWgmmaK x N],
+// fp32 accumulators; 16-bit inputs (k16), or FP8 e4m3 (k32). A comes from shared memory (SS form) or,
+// for 16-bit inputs, from registers (RS form); B always from shared memory, described by a 64-bit
+// matrix descriptor.
 //
 // Needs common/numeric.cuh, common/host_contract.cuh and common/swizzle.cuh. Two Jinja variables,
 // which the includer passes in a `with` block around the include: `wgmma_widths` (the N values it
-// uses) and `wgmma_input` (bf16, f16, or e4m3: FP8, k32 products, K-major operands, shared-memory A). Each width gets its own asm, with one "+f" operand per
-// accumulator, generated below.
+// uses) and `wgmma_input` (bf16, f16, or e4m3: K-major operands and shared-memory A only). Each width
+// gets its own asm, with one "+f" operand per accumulator, generated below.
 //
 // Accumulators are float[N / 8][4]: thread t of the warpgroup holds, for column block j,
 // rows 16 (t / 32) + (t % 32) / 4 (+8 for elements 2, 3), columns 8 j + 2 (t % 4) (+1):

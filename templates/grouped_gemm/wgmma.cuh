@@ -147,6 +147,7 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                 const float a_high = row + 8 < num_rows ? a_block[(row + 8) * a_scale_row_stride] : 0.f;
                 const float b_block = b_scale[(tile.owner.expert * (num_n / kScaleBlock) + tile.column_tile) * scale_k + kt];
                 float part[kBRows / 8][4];
+                kgen::fence_operands(acc);  // the last block's additions stay before these products' issue
                 kgen::wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too

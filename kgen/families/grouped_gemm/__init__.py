@@ -16,7 +16,7 @@ OPS = ("grouped_gemm", "grouped_gemm_fp8", "grouped_gemm_swiglu", "grouped_gemm_
 
 
 def grouped_gemm(a, b, offs=None, *, masked_m=None, a_scale=None, b_scale=None, out=None):
-    refuse_grad("grouped_gemm", ("a", "b", "out"), a, b, out)
+    refuse_grad("grouped_gemm", ("a", "b", "a_scale", "b_scale", "out"), a, b, a_scale, b_scale, out)
     if torch.compiler.is_compiling():
         return library.grouped_gemm(a, b, offs, masked_m=masked_m, a_scale=a_scale, b_scale=b_scale, out=out)
     return op.grouped_gemm(a, b, offs, masked_m=masked_m, a_scale=a_scale, b_scale=b_scale, out=out)

@@ -55,14 +55,16 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = N
             they keep what ``out`` held (undefined for a new result).
 
     Returns:
-        ``out``, ``[M, N]`` (masked: ``[E, M_max, N]``) in a's dtype (bf16 for FP8 inputs). Accumulation is fp32;
-        each row depends on its own row of a alone.
+        ``out``, ``[M, N]`` (masked: ``[E, M_max, N]``) in a's dtype (bf16 for FP8 inputs). Accumulation is fp32
+        (FP8: the tensor core's own within each 128-wide K block, fp32 across them); each row depends on its own
+        row of a alone.
     """
     groups = _checked(a, b, "b", offs, masked_m, 1, "[E, N, K] with a's K")
     scaled = _checked_scales(a, b, a_scale, b_scale)
     out = _result(out, a, b, "b", groups)
     if scaled:  # a's scales by row and K block, with the strides they have (a masked a's rows run on across experts)
-        _launch("none", a, b, groups, out, a_scale=a_scale.data_ptr(), a_scale_row_stride=a_scale.stride(-2),
+        check_no_overlap("out", out, a_scale=a_scale, b_scale=b_scale)
+        _launch("none", a, b, groups, out, a_scale=a_scale.data_ptr(), a_scale_row_stride=_scale_row_stride(a_scale),
                 a_scale_block_stride=a_scale.stride(-1), b_scale=b_scale.data_ptr())
     else:
         _launch("none", a, b, groups, out)
@@ -70,8 +72,18 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = N
 
 
 def result_dtype_of(a: torch.Tensor) -> torch.dtype:
-    """The result's dtype for inputs like ``a``: a's own, or bf16 for FP8 (the contract's ``result_dtype``)."""
-    return getattr(torch, ELEMENT_TYPES[result_dtype(DTYPE_NAMES[a.dtype])].torch_name)
+    """The result's dtype for inputs like ``a``: a's own, or bf16 for FP8 (the contract's ``result_dtype``). A dtype
+    kgen has no name for keeps its own, for the checks to refuse by name."""
+    name = DTYPE_NAMES.get(a.dtype)
+    return a.dtype if name is None else getattr(torch, ELEMENT_TYPES[result_dtype(name)].torch_name)
+
+
+def _scale_row_stride(a_scale: torch.Tensor) -> int:
+    """The stride from one of a's rows to the next in a_scale, a masked a's rows running on across experts (a
+    dimension of size 1 may carry any stride)."""
+    if a_scale.dim() == 3 and a_scale.shape[1] == 1:
+        return a_scale.stride(0)
+    return a_scale.stride(-2)
 
 
 def _checked_scales(a, b, a_scale, b_scale) -> bool:
@@ -99,7 +111,8 @@ def _checked_scales(a, b, a_scale, b_scale) -> bool:
                 f"[E, N / {SCALE_BLOCK}, K / {SCALE_BLOCK}] of b")
     # a_scale is read by row and K block with its own strides (quantize_fp8_blockwise's MN-major scales as they
     # are, or row-major ones); a masked a's experts must follow each other as its rows do. b_scale is dense.
-    if a_scale.dim() == 3 and a_scale.shape[0] > 1 and a_scale.stride(0) != a_scale.shape[1] * a_scale.stride(1):
+    if (a_scale.dim() == 3 and a_scale.shape[0] > 1 and a_scale.shape[1] > 1
+            and a_scale.stride(0) != a_scale.shape[1] * a_scale.stride(1)):
         raise ValueError(f"a_scale: the experts' rows must follow each other (stride(0) = M_max x stride(1)), got "
                          f"strides {a_scale.stride()}")
     if not b_scale.is_contiguous():
