@@ -42,16 +42,24 @@ def reference_grads(inputs, initial, d_out, d_final, cu_host, **options):
                           None if initial is None else initial.double(), cu_seqlens=cu_host, **options)
 
 
-def assert_close_to_reference(got, want, rows=None):
-    for name, a, b in zip(GRADIENTS, got, want):
+def assert_close_to_reference(got, want, rows=None, rounded_start=None):
+    """Every gradient within GRAD_RMS_BAR of float64 (rel RMS). With ``rounded_start``, the reference again from
+    the initial state rounded to the inputs' dtype, a gradient may also miss by twice what that rounding alone
+    moves it: the backward reads every chunk's start state as a 16-bit copy (as fla does), and a short sequence's
+    dg is an inner product of K x V terms that can cancel far below their size (a one-token sequence's dg of 3.2
+    from terms of order 1 missed by 0.16 = 4.9e-2 relative, 1e-5 of the terms: bench/NOTES.md, seventeenth
+    session)."""
+    for i, (name, a, b) in enumerate(zip(GRADIENTS, got, want)):
         if b is None:
             assert a is None, name
             continue
+        c = None if rounded_start is None else rounded_start[i]
         if rows is not None and name != "dh0":
-            a, b = a[:, rows], b[:, rows]
+            a, b, c = a[:, rows], b[:, rows], None if c is None else c[:, rows]
         assert a.shape == b.shape, name
         assert torch.isfinite(a).all(), f"{name} has NaN/Inf"
-        assert ref.rel_rms(a, b) <= GRAD_RMS_BAR, (name, ref.rel_rms(a, b))
+        allowed = GRAD_RMS_BAR + (0.0 if c is None else 2 * ref.rel_rms(c, b))
+        assert ref.rel_rms(a, b) <= allowed, (name, ref.rel_rms(a, b), allowed)
 
 
 lengths_st = st.lists(st.one_of(st.integers(1, 300), st.sampled_from([63, 64, 65, 127, 128, 129, 191, 257])),
@@ -77,7 +85,11 @@ def test_gradients_match_autograd_through_the_recurrence(lengths, heads, group, 
                                      cu_seqlens=cu, use_qk_l2norm_in_kernel=l2norm, state_layout=layout, plan=plan,
                                      per_chunk=per_chunk)
     assert got[1].dtype == inputs[0].dtype and got[3].dtype == torch.float32 and got[4].dtype == inputs[4].dtype
-    assert_close_to_reference(got, reference_grads(inputs, initial, d_out, d_final, cu_host, **options))
+    rounded = None
+    if initial is not None:
+        rounded = reference_grads(inputs, initial.to(inputs[0].dtype).float(), d_out, d_final, cu_host, **options)
+    assert_close_to_reference(got, reference_grads(inputs, initial, d_out, d_final, cu_host, **options),
+                              rounded_start=rounded)
 
 
 @pytest.mark.parametrize("per_chunk", PER_CHUNK)
