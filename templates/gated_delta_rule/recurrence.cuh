@@ -1,8 +1,8 @@
 // The chunked gated delta rule's state recurrence over one segment, chunk after chunk: the body of
 // gated_delta_rule_chunk and gated_delta_rule_chunk_summary (chunk.cu.j2 says what it computes).
 //
-// Config: T, kHeadDim (K = V), kSliceV (value columns per block), kThreads, kHasIncompleteTile and
-// kKeyMajor (states [K, V], else [V, K]); chunk.cu.j2 defines it.
+// Config: T, kHeadDim (K = V), kSliceV (value columns per block), kThreads (a warpgroup's: the output kernel
+// runs two), kHasIncompleteTile and kKeyMajor (states [K, V], else [V, K]); chunk.cu.j2 defines it.
 // Needs common/ numeric, smem, swizzle, mma, cp_async, tma, warp_roles and wgmma (widths kSliceV, 64
 // and kHeadDim); gated_delta_rule/tiles.cuh.
 namespace kgen {
@@ -91,7 +91,7 @@ struct Recurrence {
         T k[2][kChunk * kHeadDim];     // this chunk's and the next one's
         T q[kChunk * kHeadDim], v[kChunk * kSliceV], tbeta[kChunk * kChunk];
         T state[kSliceV * kHeadDim];   // S^T as K S's and Q S's B operand
-        T w_vn[kChunk * kSliceV];      // W = V - diag(e^Gamma) K S; then Vn (W is read only by Tbeta W)
+        T w_vn[kChunk * kSliceV];      // W = V - diag(e^Gamma) K S for Tbeta W; then Vn for the output's P Vn
         T vn_decayed[kChunk * kSliceV];
         unsigned long long loaded[kLoads];       // TMA loads of a full chunk have landed
         float q_scale[kChunk], k_scale[kChunk];  // 1 / |row| with in-kernel l2norm
