@@ -17,7 +17,8 @@ tokens, each choosing 8 distinct experts at random; M_max the most tokens an exp
 gate+up, the plain GEMM for down), CUDA-graph replays,
 against the time to read the selected experts' weights at the copy bandwidth this run measures (a 2 GB device
 copy of bf16); bar: within 10% of it. On sm_90a the op runs the wgmma kernel (the mma.sync one elsewhere).
-FP8 (sm_90a): the same a and b quantized with DeepGEMM's block scales (tests/fp8_blocks.py), kgen's TFLOP/s
+FP8 (sm_90a): the same a and b quantized with DeepGEMM's block scales (a by kgen.ops.quantize_fp8_blockwise,
+b by tests/fp8_blocks.py), kgen's TFLOP/s
 against ``torch._scaled_grouped_mm`` (its own recipe: row-wise scales of a, per-column ones of b) where it runs;
 kgen's result checked against float64 of the dequantized inputs on the first experts' rows. Bars: >= 1.0x
 torch's scaled grouped GEMM, and >= 1000 TFLOP/s at the prefill shapes.
@@ -38,7 +39,7 @@ from common import environment, run_standalone, summary_row, time_cuda, time_gra
 from kgen.ops import grouped_gemm, grouped_gemm_swiglu, quantize_fp8_blockwise
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from fp8_blocks import BLOCK, E4M3_MAX, FP8, dequantized, quantize_rows, quantize_weights  # noqa: E402
+from fp8_blocks import BLOCK, E4M3_MAX, FP8, dequantized, quantize_weights  # noqa: E402
 
 NAME = "bench_grouped_gemm"
 TOP_K = 8
@@ -144,7 +145,7 @@ def swiglu_columns(a: torch.Tensor, b_gate_up: torch.Tensor, offs: torch.Tensor)
 
 def fp8_columns(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, flops: float) -> dict[str, Any]:
     """kgen's FP8 grouped GEMM (block scales) against torch's scaled grouped GEMM (row-wise scales)."""
-    a8, a_scale = quantize_rows(a)
+    a8, a_scale = quantize_fp8_blockwise(a)  # the pipeline's own quantizer: its MN-major scales go in as they are
     b8, b_scale = quantize_weights(b)
     out = grouped_gemm(a8, b8, offs, a_scale=a_scale, b_scale=b_scale)
     seconds = time_cuda(lambda: grouped_gemm(a8, b8, offs, a_scale=a_scale, b_scale=b_scale, out=out), warmup_ms=50,

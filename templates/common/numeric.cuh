@@ -39,29 +39,26 @@ __device__ __forceinline__ void store_streaming(T* ptr, const Vec16<T>& value) {
     __stcs(reinterpret_cast<uint4*>(ptr), raw);
 }
 
+// The 32 bits of a 4-byte value (a pair of 16-bit elements).
+template <class Pair>
+__device__ __forceinline__ unsigned bits_of(const Pair& pair) {
+    static_assert(sizeof(Pair) == sizeof(unsigned), "a 32-bit pair");
+    unsigned out;
+    memcpy(&out, &pair, sizeof(out));
+    return out;
+}
+
 // Two floats as one 32-bit pair of T (the low half is `lo`): for 16-bit T one paired conversion
 // (cvt.rn.bf16x2 / f16x2), where two conversions and a permute would be three instructions.
 template <class T>
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
-    T pair[2] = {from_f32<T>(lo), from_f32<T>(hi)};
-    unsigned out;
-    memcpy(&out, pair, sizeof(out));
-    return out;
+    const T pair[2] = {from_f32<T>(lo), from_f32<T>(hi)};
+    return bits_of(pair);
 }
 template <>
-__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-    unsigned out;
-    memcpy(&out, &pair, sizeof(out));
-    return out;
-}
+__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) { return bits_of(__floats2bfloat162_rn(lo, hi)); }
 template <>
-__device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
-    const __half2 pair = __floats2half2_rn(lo, hi);
-    unsigned out;
-    memcpy(&out, &pair, sizeof(out));
-    return out;
-}
+__device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) { return bits_of(__floats2half2_rn(lo, hi)); }
 
 // The two Ts of a 32-bit pair as floats (x: the low half).
 template <class T>
