@@ -184,7 +184,7 @@ _GDN_RECURRENCE = {
     "HGMMA S^T update": re.compile(r"\bHGMMA\.64x{head_dim}x16\.F32\.BF16 R\d+, gdesc\["),
     "UTMALDG": re.compile(r"\bUTMALDG\.3D\b"),
 }
-_HGMMA_RS = re.compile(r"\bHGMMA\.64x64x16\.F32\.BF16 R\d+, R\d+, gdesc\[")
+_HGMMA_RS = re.compile(r"\bHGMMA\.64x(64|128)x16\.F32\.BF16 R\d+, R\d+, gdesc\[")
 
 
 @pytest.mark.parametrize("name", [v.name for v in _gdn_variants("gated_delta_rule_chunk")], ids=lambda n: n.split("[")[1])
@@ -193,12 +193,12 @@ def test_gdn_recurrence_sass_is_wgmma_and_tma_with_no_local_memory(name, tmp_pat
     params = variant.param_dict
     cubin, _ = _compiled(variant.name)
     functions = sass_by_function(cubin, tmp_path)
-    for entry in ("gated_delta_rule_chunk", "gated_delta_rule_chunk_summary"):
+    for entry in ("gated_delta_rule_chunk", "gated_delta_rule_chunk_slice", "gated_delta_rule_chunk_summary"):
         text = functions[entry]
         for what, pattern in _GDN_RECURRENCE.items():
             assert re.compile(pattern.pattern.format(head_dim=params["head_dim"])).search(text), f"{entry}: no {what}"
         # O += P Vn takes P from registers; the summary has no output.
-        assert bool(_HGMMA_RS.search(text)) is (entry == "gated_delta_rule_chunk"), entry
+        assert bool(_HGMMA_RS.search(text)) is (entry != "gated_delta_rule_chunk_summary"), entry
         # Predicated cp.async exists only where a chunk may be incomplete.
         assert bool(_CP_ASYNC.search(text)) is params["has_incomplete_tile"], entry
         local = [line.strip() for line in text.splitlines() if _LOCAL.search(line)]

@@ -55,7 +55,7 @@ def make_inputs(lengths, heads, group, head_dim, dtype, l2norm, beta_fp32, seed,
 
 
 def check_against_reference(lengths, heads, group, head_dim, dtype, layout, l2norm, beta_fp32, with_initial, seed,
-                            segment_chunks=None, poisoned=None):
+                            segment_chunks=None, poisoned=None, num_sms=None):
     q, k, v, g, beta = make_inputs(lengths, heads, group, head_dim, dtype, l2norm, beta_fp32, seed, poisoned)
     heads_v = heads * group
     cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
@@ -64,7 +64,8 @@ def check_against_reference(lengths, heads, group, head_dim, dtype, layout, l2no
     if with_initial:
         gen = torch.Generator(device="cuda").manual_seed(seed + 1)
         initial = torch.randn(len(lengths), heads_v, head_dim, head_dim, generator=gen, device="cuda")
-    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=heads_v, head_dim=head_dim, segment_chunks=segment_chunks)
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=heads_v, head_dim=head_dim, segment_chunks=segment_chunks,
+                                       num_sms=num_sms)
     out = torch.full_like(v, float("nan"))
     o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, cu_seqlens=cu,
                                       use_qk_l2norm_in_kernel=l2norm, state_layout=layout, plan=plan, out=out)
@@ -93,18 +94,24 @@ def test_matches_recurrence(lengths, heads, group, dtype, layout, l2norm, beta_f
     head_dim = data.draw(st.sampled_from(head_dims()))
     if sum(lengths) > 4000:
         lengths = lengths[:1]
-    # split: segments of 1 to 8 chunks, so sequences of more chunks run as several exact segments.
+    # split: segments of 1 to 8 chunks, so sequences of more chunks run as several exact segments. A plan for
+    # one SM runs segments of 8 chunks or more in wide blocks (head_dim 128), the default one mostly in one-slice
+    # blocks.
     check_against_reference(lengths, heads, group, head_dim, DTYPES[dtype], layout, l2norm, beta_fp32, with_initial,
                             seed=len(lengths) * 7919 + sum(lengths),
-                            segment_chunks=data.draw(st.integers(1, 8)) if split else None)
+                            segment_chunks=data.draw(st.integers(1, 8)) if split else None,
+                            num_sms=data.draw(st.sampled_from([None, 1])))
 
 
+@pytest.mark.parametrize("num_sms", [None, 1])
 @pytest.mark.parametrize("head_dim", head_dims())
-def test_split_sequence_is_exact_and_neighbours_are_isolated(head_dim):
-    # 2100 tokens = 33 chunks in 5 segments of 8 (the last of 1); a poisoned neighbour in the middle.
+def test_split_sequence_is_exact_and_neighbours_are_isolated(head_dim, num_sms):
+    # 2100 tokens = 33 chunks in 5 segments of 8 (the last of 1); a poisoned neighbour in the middle. Planned for
+    # one SM, the forward runs in wide blocks (head_dim 128: two value slices a block).
     plan = check_against_reference([2100, 77, 1000], 2, 2, head_dim, torch.bfloat16, "kv", False, True, True, seed=5,
-                                   segment_chunks=8, poisoned=1)
+                                   segment_chunks=8, poisoned=1, num_sms=num_sms)
     assert len(plan.chains) == 2 and plan.num_summaries == 4 + 1  # both long sequences were split
+    assert plan.wide is (num_sms == 1 and head_dim == 128)
 
 
 def test_empty_sequence_passes_its_state_through():

@@ -44,9 +44,9 @@ def model_time(counts, length, parallel, summary_blocks, costs):
 
 @settings(max_examples=200, deadline=None)
 @given(seqlens=lengths, chunk=st.sampled_from([16, 64]), parallel=st.integers(1, 64), sms=st.integers(1, 200),
-       split=st.booleans(), min_chunks=st.integers(1, 16))
-def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, sms, split, min_chunks):
-    costs = RecurrenceCosts(num_sms=sms) if split else None
+       split=st.booleans(), min_chunks=st.integers(1, 16), wide_slices=st.sampled_from([1, 2]))
+def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, sms, split, min_chunks, wide_slices):
+    costs = RecurrenceCosts(num_sms=sms, wide_slices=wide_slices) if split else None
     plan = plan_chunks(seqlens, chunk=chunk, parallel_per_segment=parallel, costs=costs,
                        min_segment_chunks=min_chunks)
     assert [tuple(x) for x in plan.chunk_indices.tolist()] == model_chunks(seqlens, chunk)
@@ -78,6 +78,10 @@ def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, sms, spli
         times = [model_time(counts, n, parallel, 2 * parallel, costs) for n in candidates]
         best = min(times)
         assert seg == next(n for n, t in zip(candidates, times) if t == best)
+    # The forward's kernel: wide blocks where one-slice blocks would share SMs, over segments of 8 chunks or more.
+    blocks = sum(math.ceil(c / seg) for c in counts) * parallel
+    longest_segment = min(seg, max(counts, default=0))
+    assert plan.wide is (split and wide_slices > 1 and longest_segment >= 8 and blocks > sms)
 
 
 def test_splits_only_where_the_model_says_it_pays():

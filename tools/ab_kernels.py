@@ -47,6 +47,11 @@ GDN = [("gdn 1x32768 2/8", [32768], 2, 8, False, {}), ("gdn 1x32768 2/8 exact_sp
        ("gdn 1x32768 16/64", [32768], 16, 64, False, {}), ("gdn 1x8192 16/32", [8192], 16, 32, False, {}),
        ("gdn 4x8192 16/32", [8192] * 4, 16, 32, False, {}), ("gdn 8x1024 16/32", [1024] * 8, 16, 32, False, {}),
        ("gdn 1x2048 32/32", [2048], 32, 32, False, {}),
+       # Forced splits, for the planner's cost model: each segment length runs the kernel the model picks for it.
+       *((f"gdn 1x32768 16/{hv} segment_chunks={n}", [32768], 16, hv, False, {"segment_chunks": n})
+         for hv, n in ((32, 128), (32, 256), (64, 256), (64, 512))),
+       ("gdn 1x8192 16/32 segment_chunks=32", [8192], 16, 32, False, {"segment_chunks": 32}),
+       ("gdn 1x2048 32/32 segment_chunks=8", [2048], 32, 32, False, {"segment_chunks": 8}),
        # Seed 000's sweep (issues 23 and 24): N = min(4096, 131072 // L) sequences of L tokens, H = HV = 12.
        *((f"gdn seed L={n}", [n] * min(4096, 131072 // n), 12, 12, False, {}) for n in (64, 65, 1024))]
 

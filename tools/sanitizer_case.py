@@ -58,15 +58,19 @@ def attention_and_gated_delta_rule() -> None:
         slots = torch.tensor([4, -1, 1], dtype=torch.int32, device="cuda")
         gated_delta_rule_step(q, k, v_new, g, beta, pool, state_indices=slots, state_layout=layout)
     # The chunked gated delta rule: a split sequence (summaries, chain), tails, an empty sequence, a
-    # neighbour of NaN/Inf; then whole chunks only (the no-tail variants).
-    for lengths, layout in (([700, 65, 0, 1], "kv"), ([640, 128], "vk")):
+    # neighbour of NaN/Inf; then whole chunks only (the no-tail variants). Segments of 4 chunks run in one-slice
+    # blocks; of 8, planned for one SM, in wide blocks.
+    for lengths, layout, segment_chunks, num_sms in (([700, 65, 0, 1], "kv", 4, None), ([700, 65, 0, 1], "vk", 8, 1),
+                                                     ([640, 128], "vk", 8, 1)):
         cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
         q, k = (torch.randn((1, cu[-1], 2, 128), device="cuda", dtype=torch.bfloat16) for _ in range(2))
         v = torch.randn((1, cu[-1], 4, 128), device="cuda", dtype=torch.bfloat16)
         g, beta = -torch.rand((1, cu[-1], 4), device="cuda"), torch.rand((1, cu[-1], 4), device="cuda")
         v[:, cu[1]:cu[2]] = float("nan")
         k[:, cu[1]:cu[2]] = float("inf")
-        plan = plan_chunk_gated_delta_rule(cu, num_heads_v=4, segment_chunks=4)  # splits the longer sequences
+        # Splits the longer sequences.
+        plan = plan_chunk_gated_delta_rule(cu, num_heads_v=4, segment_chunks=segment_chunks, num_sms=num_sms)
+        assert plan.wide is (num_sms == 1)
         o, _ = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=torch.randn((len(lengths), 4, 128, 128), device="cuda"),
                                       output_final_state=True, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"),
                                       use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan)

@@ -84,25 +84,37 @@ struct Recurrence {
     static constexpr int kValueTiles = kSliceV / 8;   // accumulator column blocks of a value slice
     static constexpr int kKeyTiles = kHeadDim / 8;    // ... of S^T's key columns
     static constexpr int kPanelBytes = kChunk * 128;  // one 64-column panel of a 64-row tile
+    // The wide output kernel's block covers the whole head dim: one state warpgroup per value slice, beside
+    // one output warpgroup, so that Q K^T, Q S's Q, and the K, Q and Tbeta tiles serve every slice once (two
+    // blocks of one slice each ran the recurrence at the SM's shared-memory bandwidth: bench/NOTES.md,
+    // eighteenth session). The sliced output kernel's block owns one slice, with its output warpgroup; the
+    // summary and states kernels run one state warpgroup of one slice.
+    static constexpr int kWideGroups = kHeadDim / kSliceV;
+    static constexpr int kWideThreads = (kWideGroups + 1) * kThreads;
 
-    // Every tile a whole number of swizzle repeats, from a base aligned to one.
+    // Every tile a whole number of swizzle repeats, from a base aligned to one. Value tiles hold kGroups
+    // slices, one 64-column panel each, in a state warpgroup's order.
     enum Load { kLoadK0, kLoadK1, kLoadQ, kLoadV, kLoadTbeta, kLoads };  // an mbarrier each
-    struct alignas(64) Shared {
+    template <int kGroups>
+    struct alignas(64) Tiles {
         T k[2][kChunk * kHeadDim];     // this chunk's and the next one's
-        T q[kChunk * kHeadDim], v[kChunk * kSliceV], tbeta[kChunk * kChunk];
-        T state[kSliceV * kHeadDim];   // S^T as K S's and Q S's B operand
-        T w_vn[kChunk * kSliceV];      // W = V - diag(e^Gamma) K S for Tbeta W; then Vn for the output's P Vn
-        T vn_decayed[kChunk * kSliceV];
+        T q[kChunk * kHeadDim], v[kChunk * kSliceV * kGroups], tbeta[kChunk * kChunk];
+        T state[kSliceV * kGroups * kHeadDim];   // S^T as K S's and Q S's B operand
+        T w_vn[kChunk * kSliceV * kGroups];      // W = V - diag(e^Gamma) K S for Tbeta W; then Vn for the output's P Vn
+        T vn_decayed[kChunk * kSliceV * kGroups];
         unsigned long long loaded[kLoads];       // TMA loads of a full chunk have landed
         float q_scale[kChunk], k_scale[kChunk];  // 1 / |row| with in-kernel l2norm
         float k_scale_output[kChunk];            // k's, the output warpgroup's own copy
     };
-    // Named barriers (0 is __syncthreads'): one warpgroup's own; then, between the two of the output kernel,
-    // one for each hand-over: what one arrives at when its part is done, the other waits at before it reads.
+    // Named barriers (0 is __syncthreads'): the state warpgroups'; the output warpgroup's own; then, between
+    // them in the output kernel, one for each hand-over: what one side arrives at when its part is done, the
+    // other waits at before it reads.
     enum { kStateBarrier = 1, kOutputBarrier, kStateReady, kOutputDone, kVnReady, kVnFree };
     static_assert(sizeof(T) * kChunk * kSliceV % kSwizzleAlignment == 0 &&
                   sizeof(T) * kSliceV * kHeadDim % kSwizzleAlignment == 0, "tiles of whole swizzle repeats");
-    static constexpr int kDynamicSmemBytes = sizeof(Shared) + kSwizzleAlignment;  // and the slack to align it
+    // Each with the slack to align it.
+    static constexpr int kDynamicSmemBytes = sizeof(Tiles<1>) + kSwizzleAlignment;
+    static constexpr int kWideDynamicSmemBytes = sizeof(Tiles<kWideGroups>) + kSwizzleAlignment;
 
     // Descriptors of k16 step kk: K-major tiles of kRows rows (the reduction over 64-column panels),
     // and MN-major 64-row tiles (the reduction over rows, 16 of them per step).
@@ -118,11 +130,12 @@ struct Recurrence {
     // names). Taken one by one, not as one struct, whose loads ptxas schedules differently.
     // kSummary: the segment's summary (chunk.cu.j2). kStates (the backward's recompute): no output; ``out``
     // receives, before every chunk, the 16-bit S^T of this block's value slice, [chunk, v-head, V, K].
-    // The output kernel (neither) runs two warpgroups: the first carries the state from chunk to chunk, the
-    // second computes O from what the first leaves in shared memory, so that the state's chain of products
-    // waits for none of O's (a single warpgroup doing both spent two thirds of each chunk on O's products,
-    // masks and stores: bench/NOTES.md, seventeenth session). The others run the first warpgroup alone.
-    template <bool kSummary, bool kStates = false>
+    // The output kernels (neither) run one state warpgroup per slice (kWide: kWideGroups, else one) and an
+    // output warpgroup: the state ones carry their slices of the state from chunk to chunk, in step; the last
+    // computes O from what they leave in shared memory, so that the state's chain of products waits for none
+    // of O's (a single warpgroup doing both spent two thirds of each chunk on O's products, masks and stores:
+    // bench/NOTES.md, seventeenth session). The others run one state warpgroup alone.
+    template <bool kSummary, bool kStates = false, bool kWide = false>
     __device__ static __forceinline__ void run(const kgen::TmaDescriptor& map_q, const kgen::TmaDescriptor& map_k,
                                                const kgen::TmaDescriptor& map_v, const kgen::TmaDescriptor& map_tbeta,
                                                const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -133,21 +146,28 @@ struct Recurrence {
                                                T* __restrict__ out, float* __restrict__ final_state, long long num_heads,
                                                long long num_heads_v, float scale, long long use_qk_l2norm,
                                                float negligible_log_decay) {
-        extern __shared__ unsigned char smem_bytes[];
-        Shared& smem = *reinterpret_cast<Shared*>(kgen::align_up<kgen::kSwizzleAlignment>(smem_bytes));
         constexpr bool kOutput = !kSummary && !kStates;  // reads Q and writes O, in a warpgroup of its own
-            const int warpgroup = kgen::warp_index() / 4;
+        constexpr int kGroups = kOutput && kWide ? kWideGroups : 1;  // state warpgroups
+        constexpr int kStateThreads = kGroups * kThreads, kBlockThreads = kStateThreads + (kOutput ? kThreads : 0);
+        constexpr int kBlockValues = kGroups * kSliceV;  // value columns of the block's tiles
+        extern __shared__ unsigned char smem_bytes[];
+        auto& smem = *reinterpret_cast<Tiles<kGroups>*>(kgen::align_up<kgen::kSwizzleAlignment>(smem_bytes));
+        const int warpgroup = kgen::warp_index() / 4;
+        const bool output_role = kOutput && warpgroup == kGroups;
+        const int group = kGroups == 1 || output_role ? 0 : warpgroup;  // a state warpgroup's slice of the block's
         const int thread = threadIdx.x % kThreads, warp = thread / 32, lane = threadIdx.x % 32;  // in the warpgroup
-        const bool issuer = thread == 0;  // issues its warpgroup's TMA loads
+        // Issues the TMA loads: the output warpgroup's of Q, the first state warpgroup's of the others.
+        const bool issuer = thread == 0 && (output_role || group == 0);
         const int* const segment = segments + kSegmentFields * blockIdx.z;
         const int sequence = segment[kSequence], end_token = segment[kEndToken];
         int first_token = segment[kFirstToken], first_chunk = segment[kFirstChunk], chunks = segment[kChunks];
         const int heads_v = static_cast<int>(num_heads_v), head_v = blockIdx.y;
         const int head = head_v / (heads_v / static_cast<int>(num_heads));
-        const int column0 = blockIdx.x * kSliceV;
+        const int column0 = blockIdx.x * kBlockValues + group * kSliceV;
         // Summary: the first K augmented columns are M's (start I, no values), the rest h's.
         const bool transition = kSummary && column0 < kHeadDim;
-        const int value0 = kSummary && !transition ? column0 - kHeadDim : column0;
+        const int value0 = kSummary && !transition ? column0 - kHeadDim : column0;  // this warpgroup's first
+        const int block_value0 = value0 - group * kSliceV;  // the block's first value column
         const long long qk_stride = num_heads * kHeadDim, v_stride = static_cast<long long>(heads_v) * kHeadDim;
 
         if (threadIdx.x == 0) {
@@ -187,8 +207,12 @@ struct Recurrence {
                                       head, token, bar);
                 }
             } else if (which == kLoadV) {
-                kgen::mbarrier_arrive_expect_tx(bar, kChunk * kSliceV * sizeof(T));
-                kgen::tma_load_3d(kgen::smem_addr(smem.v), &map_v, value0, head_v, token, bar);
+                kgen::mbarrier_arrive_expect_tx(bar, kChunk * kBlockValues * sizeof(T));
+#pragma unroll
+                for (int panel = 0; panel < kGroups; ++panel) {
+                    kgen::tma_load_3d(kgen::smem_addr(smem.v + panel * kChunk * kSliceV), &map_v, block_value0 + panel * kSliceV,
+                                      head_v, token, bar);
+                }
             } else {
                 kgen::mbarrier_arrive_expect_tx(bar, kChunk * kChunk * sizeof(T));
                 kgen::tma_load_3d(kgen::smem_addr(smem.tbeta), &map_tbeta, 0, 0, ((first_chunk + c) * heads_v + head_v) * kChunk, bar);
@@ -197,12 +221,15 @@ struct Recurrence {
         // Every tile of an incomplete chunk by cp.async, rows past the sequence zero-filled, from the warpgroup
         // that loads them (the output's where there is one, which has registers to spare, once it is past the
         // chunk before's second barrier; the tiles the state reads are free by then).
-        const bool tail_loader = !kOutput || warpgroup == 1;
+        const bool tail_loader = kOutput ? output_role : true;
         auto load_incomplete = [&](int c) {
             const int token = token_of(c), valid = end_token - token;
             if (kOutput) load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid, thread);
             load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.k[c % 2], k + token * qk_stride + head * kHeadDim, qk_stride, valid, thread);
-            if (!transition) load_tile<kSliceV, kThreads, kHasIncompleteTile>(smem.v, v + token * v_stride + head_v * kHeadDim + value0, v_stride, valid, thread);
+            if (!transition) {
+                load_tile<kBlockValues, kThreads, kHasIncompleteTile>(smem.v, v + token * v_stride + head_v * kHeadDim + block_value0,
+                                                                      v_stride, valid, thread);
+            }
             load_tile<kChunk, kThreads, false>(smem.tbeta, tbeta + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kChunk * kChunk,
                                                kChunk, kChunk, thread);
             kgen::cp_async_commit();
@@ -229,7 +256,6 @@ struct Recurrence {
                 gate[e] = !kHasIncompleteTile || token + i < end_token ? g[static_cast<long long>(token + i) * heads_v + head_v] : 0.f;
             }
         };
-        const bool output_role = kOutput && warpgroup == 1;
         float gate_next[2];
         if (chunks > 0) {  // an empty sequence's segment only passes its start state on
             if (is_full(0)) {
@@ -245,21 +271,27 @@ struct Recurrence {
             }
             load_gates(0, gate_next);
         }
-        // Accumulator rows 16 warp + lane / 4 (+ 8), columns 8 n + 2 (lane % 4) (+ 1), in either warpgroup.
+        // Accumulator rows 16 warp + lane / 4 (+ 8), columns 8 n + 2 (lane % 4) (+ 1), in any warpgroup.
         const int row = 16 * warp + lane / 4, fragment_column = 2 * (lane % 4);
         const unsigned state_tile = kgen::smem_addr(smem.state), w_vn_tile = kgen::smem_addr(smem.w_vn);
+        // A state warpgroup's panels of the value tiles, and its rows of S^T's copy.
+        T* const v_panel = smem.v + group * kChunk * kSliceV;
+        T* const w_vn_panel = smem.w_vn + group * kChunk * kSliceV;
+        T* const vn_decayed_panel = smem.vn_decayed + group * kChunk * kSliceV;
+        const unsigned state_rows = state_tile + group * kSliceV * 128;
 
         if (output_role) {
             // O = scale (diag(e^Gamma) Q S + P Vn), P = Q K^T * LowerIncl * e^{Gamma_i - Gamma_j}. P needs no
-            // state, so it is made while the state warpgroup finishes the chunk before; Q S once S^T's copy is
-            // in (beside the state's K S), P Vn once Vn is (beside the state's update).
+            // state, so it is made while the state warpgroups finish the chunk before; Q S once S^T's copy is
+            // in (beside the state's K S), P Vn once Vn is (beside the state's update). It computes every
+            // value column of O.
             const unsigned q_tile = kgen::smem_addr(smem.q);
             for (int c = 0; c < chunks; ++c) {
                 const bool next_full = c + 1 < chunks && is_full(c + 1);
                 const int token = first_token + c * kChunk, valid = end_token - token;
                 const float gate[2] = {gate_next[0], gate_next[1]};
                 wait_chunk(c, true);
-                if (!is_full(c)) {  // this warpgroup loaded it by cp.async, for both
+                if (!is_full(c)) {  // this warpgroup loaded it by cp.async, for all
                     kgen::fence_proxy_async_shared();
                     __syncthreads();
                 }
@@ -299,45 +331,45 @@ struct Recurrence {
                 }
                 kgen::gdn::accumulators_as_a<T, kChunk / 8>(p_frag, p);
 
-                kgen::named_barrier_sync(kStateReady, 2 * kThreads);  // S^T's copy for this chunk
-                float qs[kValueTiles][4];
+                kgen::named_barrier_sync(kStateReady, kBlockThreads);  // S^T's copy for this chunk
+                float qs[kGroups * kValueTiles][4];
                 kgen::wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-                    kgen::wgmma_ss<kSliceV, 0>(qs, k_major<kChunk>(q_tile, kk), k_major<kSliceV>(state_tile, kk), kk > 0);
+                    kgen::wgmma_ss<kBlockValues, 0>(qs, k_major<kChunk>(q_tile, kk), k_major<kBlockValues>(state_tile, kk), kk > 0);
                 }
                 kgen::wgmma_commit();
                 kgen::wgmma_wait<0>();
                 kgen::fence_operands(qs);
-                kgen::named_barrier_arrive(kOutputDone, 2 * kThreads);  // S^T's copy and this chunk's K are read
+                kgen::named_barrier_arrive(kOutputDone, kBlockThreads);  // S^T's copy and this chunk's K are read
                 if (next_full) load_full(kLoadQ, c + 1);  // and Q
                 // O's first term, diag(e^Gamma) Q S.
 #pragma unroll
-                for (int n = 0; n < kValueTiles; ++n) {
+                for (int n = 0; n < kGroups * kValueTiles; ++n) {
 #pragma unroll
                     for (int e = 0; e < 4; ++e) qs[n][e] *= kgen::exp2_ftz(gamma_row[e / 2]) * q_scale[e / 2];
                 }
 
-                kgen::named_barrier_sync(kVnReady, 2 * kThreads);  // Vn is in w_vn
+                kgen::named_barrier_sync(kVnReady, kBlockThreads);  // Vn is in w_vn
                 kgen::fence_operands(p_frag);
                 kgen::wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kSliceV, 1>(qs, p_frag[kk], mn_major(w_vn_tile, kk), true);
+                for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kBlockValues, 1>(qs, p_frag[kk], mn_major(w_vn_tile, kk), true);
                 kgen::wgmma_commit();
                 kgen::wgmma_wait<0>();
                 kgen::fence_operands(qs);
-                if (c + 1 < chunks) kgen::named_barrier_arrive(kVnFree, 2 * kThreads);  // the next W may overwrite it
+                if (c + 1 < chunks) kgen::named_barrier_arrive(kVnFree, kBlockThreads);  // the next W may overwrite it
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const int r = row + 8 * half;
                     if (kHasIncompleteTile && r >= valid) continue;
                     T* const o = out + (static_cast<long long>(token + r) * heads_v + head_v) * kHeadDim + value0 + fragment_column;
 #pragma unroll
-                    for (int n = 0; n < kValueTiles; ++n) {
+                    for (int n = 0; n < kGroups * kValueTiles; ++n) {
                         *reinterpret_cast<unsigned*>(o + 8 * n) = kgen::pack2<T>(scale * qs[n][2 * half], scale * qs[n][2 * half + 1]);
                     }
                 }
-                // Past kVnReady the state warpgroup reads no tile of this chunk but K, and the next chunk's K
+                // Past kVnReady the state warpgroups read no tile of this chunk but K, and the next chunk's K
                 // buffer was last read by the chunk before.
                 if (c + 1 < chunks && !next_full) load_incomplete(c + 1);
             }
@@ -374,13 +406,12 @@ struct Recurrence {
                     }
                 }
             }
-            store_accumulators<kHeadDim, T, kKeyTiles, kSliceV>(smem.state, s, 16 * warp, lane);
+            store_accumulators<kHeadDim, T, kKeyTiles, kBlockValues>(smem.state, s, kSliceV * group + 16 * warp, lane);
             if (kOutput && chunks > 0) {
                 kgen::fence_proxy_async_shared();
-                kgen::named_barrier_arrive(kStateReady, 2 * kThreads);
+                kgen::named_barrier_arrive(kStateReady, kBlockThreads);
             }
         }
-        const unsigned vn_decayed_tile = kgen::smem_addr(smem.vn_decayed);
 
         for (int c = 0; c < chunks; ++c) {
             const bool next_full = c + 1 < chunks && is_full(c + 1);
@@ -395,17 +426,17 @@ struct Recurrence {
             if (kOutput && !is_full(c)) {
                 __syncthreads();  // the output warpgroup loaded this chunk
             } else {
-                kgen::named_barrier_sync(kStateBarrier, kThreads);
+                kgen::named_barrier_sync(kStateBarrier, kStateThreads);
             }
-            // The other K buffer's last readers are done: this warpgroup's update and, before kOutputDone, the
-            // output's P and Q S of the chunk before.
+            // The other K buffer's last readers are done: the state warpgroups' updates and, before kOutputDone,
+            // the output's P and Q S of the chunk before.
             if (next_full) load_full(Load(kLoadK0 + (c + 1) % 2), c + 1);
             if (c + 1 < chunks) load_gates(c + 1, gate_next);
             // In-kernel l2norm: rows of k scale the products instead of being rounded normalised.
             float k_scale[2] = {1.f, 1.f};
             if (use_qk_l2norm) {
-                inverse_row_norms<kHeadDim>(smem.k[c % 2], smem.k_scale, thread);
-                kgen::named_barrier_sync(kStateBarrier, kThreads);
+                inverse_row_norms<kHeadDim>(smem.k[c % 2], smem.k_scale, thread + group * kThreads);  // the first's
+                kgen::named_barrier_sync(kStateBarrier, kStateThreads);
 #pragma unroll
                 for (int half = 0; half < 2; ++half) k_scale[half] = smem.k_scale[row + 8 * half];
             }
@@ -418,7 +449,7 @@ struct Recurrence {
             kgen::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-                kgen::wgmma_ss<kSliceV, 0>(ks, k_major<kChunk>(k_tile, kk), k_major<kSliceV>(state_tile, kk), kk > 0);
+                kgen::wgmma_ss<kSliceV, 0>(ks, k_major<kChunk>(k_tile, kk), k_major<kBlockValues>(state_rows, kk), kk > 0);
             }
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
@@ -426,7 +457,7 @@ struct Recurrence {
 
             // W = V - diag(e^Gamma) K S into shared memory, V read and W written two column blocks at a time, in
             // the accumulators' layout (ldmatrix, stmatrix).
-            if (kOutput && c > 0) kgen::named_barrier_sync(kVnFree, 2 * kThreads);  // O's P Vn of the chunk before
+            if (kOutput && c > 0) kgen::named_barrier_sync(kVnFree, kBlockThreads);  // O's P Vn of the chunk before
             {
                 const float decay[2] = {kgen::exp2_ftz(gamma_row[0]) * k_scale[0], kgen::exp2_ftz(gamma_row[1]) * k_scale[1]};
                 const int matrix_row = 16 * warp + (lane / 8 % 2) * 8 + lane % 8, matrix_col = (lane / 16) * 8;
@@ -434,7 +465,7 @@ struct Recurrence {
                 for (int pair = 0; pair < kValueTiles / 2; ++pair) {
                     const int at = swizzled<kSliceV>(matrix_row, 16 * pair + matrix_col);
                     unsigned values[4] = {0u, 0u, 0u, 0u};  // the transition's columns have no values
-                    if (!transition) kgen::ldmatrix_x4(values, kgen::smem_addr(smem.v + at));
+                    if (!transition) kgen::ldmatrix_x4(values, kgen::smem_addr(v_panel + at));
                     unsigned w[4];
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {  // matrix i: column block 2 pair + i / 2, rows + 8 (i % 2)
@@ -442,11 +473,11 @@ struct Recurrence {
                         const float2 value = kgen::unpack2<T>(values[i]);
                         w[i] = kgen::pack2<T>(value.x - decay[i % 2] * product[0], value.y - decay[i % 2] * product[1]);
                     }
-                    kgen::stmatrix_x4(kgen::smem_addr(smem.w_vn + at), w);
+                    kgen::stmatrix_x4(kgen::smem_addr(w_vn_panel + at), w);
                 }
             }
             kgen::fence_proxy_async_shared();
-            kgen::named_barrier_sync(kStateBarrier, kThreads);  // W is whole; V is no longer read
+            kgen::named_barrier_sync(kStateBarrier, kStateThreads);  // W is whole; V is no longer read
             if (next_full && !transition) load_full(kLoadV, c + 1);
 
             // Vn = Tbeta W.
@@ -454,39 +485,41 @@ struct Recurrence {
             kgen::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kChunk / 16; ++kk) {
-                kgen::wgmma_ss<kSliceV, 1>(vn, k_major<kChunk>(kgen::smem_addr(smem.tbeta), kk), mn_major(w_vn_tile, kk), kk > 0);
+                kgen::wgmma_ss<kSliceV, 1>(vn, k_major<kChunk>(kgen::smem_addr(smem.tbeta), kk),
+                                           mn_major(kgen::smem_addr(w_vn_panel), kk), kk > 0);
             }
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
             kgen::fence_operands(vn);
-            if (next_full) load_full(kLoadTbeta, c + 1);
-            // W's tile is free once every warp is past the wait above (the wgmma is the warpgroup's).
-            if (kOutput) store_accumulators<kSliceV, T>(smem.w_vn, vn, 16 * warp, lane);
+            if (kGroups == 1 && next_full) load_full(kLoadTbeta, c + 1);
+            // W's panel is free once every warp is past the wait above (the wgmma is the warpgroup's).
+            if (kOutput) store_accumulators<kSliceV, T>(w_vn_panel, vn, 16 * warp, lane);
 #pragma unroll
             for (int n = 0; n < kValueTiles; ++n) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) vn[n][e] *= kgen::exp2_ftz(gamma_last - gamma_row[e / 2]) * k_scale[e / 2];
             }
-            store_accumulators<kSliceV, T>(smem.vn_decayed, vn, 16 * warp, lane);
+            store_accumulators<kSliceV, T>(vn_decayed_panel, vn, 16 * warp, lane);
             scale_accumulators(s, kgen::exp2_ftz(gamma_last));
             kgen::fence_proxy_async_shared();
-            if (kOutput) kgen::named_barrier_arrive(kVnReady, 2 * kThreads);
-            kgen::named_barrier_sync(kStateBarrier, kThreads);  // Vn's decayed copy is whole
+            if (kOutput) kgen::named_barrier_arrive(kVnReady, kBlockThreads);
+            kgen::named_barrier_sync(kStateBarrier, kStateThreads);  // Vn's decayed copy is whole
+            if (kGroups > 1 && next_full) load_full(kLoadTbeta, c + 1);  // every state warpgroup's Tbeta W is done
 
             // S^T = e^{Gamma_last} S^T + (diag(e^{Gamma_last - Gamma} / |k|) Vn)^T K.
             kgen::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kChunk / 16; ++kk) {
-                kgen::wgmma_ss<kHeadDim, 1, 1>(s, mn_major(vn_decayed_tile, kk), mn_major(k_tile, kk), true);
+                kgen::wgmma_ss<kHeadDim, 1, 1>(s, mn_major(kgen::smem_addr(vn_decayed_panel), kk), mn_major(k_tile, kk), true);
             }
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
             kgen::fence_operands(s);
-            if (kOutput) kgen::named_barrier_sync(kOutputDone, 2 * kThreads);  // O has read S^T's copy
-            store_accumulators<kHeadDim, T, kKeyTiles, kSliceV>(smem.state, s, 16 * warp, lane);
+            if (kOutput) kgen::named_barrier_sync(kOutputDone, kBlockThreads);  // O has read S^T's copy
+            store_accumulators<kHeadDim, T, kKeyTiles, kBlockValues>(smem.state, s, kSliceV * group + 16 * warp, lane);
             if (kOutput && c + 1 < chunks) {
                 kgen::fence_proxy_async_shared();
-                kgen::named_barrier_arrive(kStateReady, 2 * kThreads);
+                kgen::named_barrier_arrive(kStateReady, kBlockThreads);
             }
             // An incomplete next chunk loads now that this one reads no tile any more.
             if (!kOutput && c + 1 < chunks && !next_full) load_incomplete(c + 1);

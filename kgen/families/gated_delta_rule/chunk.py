@@ -48,6 +48,8 @@ class _Kernels:
     states: KernelLauncher
     reverse: KernelLauncher
     grads: KernelLauncher
+    #: The forward of a plan with one value slice per block (the recurrence's are the whole head dim).
+    recurrence_slice: KernelLauncher
     #: Tokens per chunk, and the chain's value columns per block (the contracts' sizes).
     chunk: int
     chain_columns: int
@@ -84,6 +86,7 @@ def _kernels_for(device_index: int, head_dim: int, dtype: torch.dtype, state_lay
         states=launcher(recurrence, "gated_delta_rule_chunk_states", device_index),
         reverse=launcher(recurrence, "gated_delta_rule_chunk_reverse", device_index),
         grads=launcher(recurrence, "gated_delta_rule_chunk_grads", device_index),
+        recurrence_slice=launcher(recurrence, "gated_delta_rule_chunk_slice", device_index),
         chunk=chunk, chain_columns=sizes["chain_columns"],
         new_maps=functools.partial(tma.TensorMaps, boxes, sizes["box_span_bytes"])))
 
@@ -257,6 +260,10 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
         kernels.chain.launch((head_dim // kernels.chain_columns, heads_v, len(plan.chains)), summary=summaries.data_ptr(),
                       initial_state=initial, start_states=starts.data_ptr(), chains=chains.data_ptr(),
                       num_heads_v=heads_v)
-    (kernels.states if states else kernels.recurrence).launch((head_dim // slice_v, heads_v, len(plan.segments)),
-                                                              **forward)
+    if states:
+        kernels.states.launch((head_dim // slice_v, heads_v, len(plan.segments)), **forward)
+    elif plan.wide:
+        kernels.recurrence.launch((1, heads_v, len(plan.segments)), **forward)  # a block covers the head dim
+    else:
+        kernels.recurrence_slice.launch((head_dim // slice_v, heads_v, len(plan.segments)), **forward)
     return tbeta

@@ -82,14 +82,22 @@ def _grads_dynamic_smem_bytes(chunk: int, head_dim: int, itemsize: int) -> int:
 def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
     itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
     chunk, head_dim, slice_v = params["tile_m"], params["head_dim"], params["tile_n"]
-    # K twice, Q, the V slice and Tbeta once; S^T's 16-bit copy; W (then Vn) and decayed Vn; five
-    # mbarriers and the l2norm row scales (q's, and k's for each warpgroup), padded to 64 bytes; from a
-    # swizzle-aligned base.
-    elements = 3 * chunk * head_dim + chunk * slice_v + chunk * chunk + head_dim * slice_v + 2 * chunk * slice_v
-    small_bytes = -(-(5 * 8 + 3 * chunk * 4) // 64) * 64
-    smem_bytes = SWIZZLE_ALIGNMENT + elements * itemsize + small_bytes
-    # gated_delta_rule_chunk runs a second warpgroup, which computes the output.
-    output_threads = 2 * params["num_warps"] * 32
+    def smem_bytes_of(slices: int) -> int:
+        # K twice, Q and Tbeta once; per value slice V, S^T's 16-bit copy, W (then Vn) and decayed Vn; five
+        # mbarriers and the l2norm row scales (q's, and k's twice), padded to 64 bytes; from a swizzle-aligned base.
+        elements = 3 * chunk * head_dim + chunk * chunk + slices * (chunk * slice_v + head_dim * slice_v + 2 * chunk * slice_v)
+        small_bytes = -(-(5 * 8 + 3 * chunk * 4) // 64) * 64
+        return SWIZZLE_ALIGNMENT + elements * itemsize + small_bytes
+
+    smem_bytes = smem_bytes_of(1)
+    # The forward's blocks: gated_delta_rule_chunk_slice's own a value slice, with a second warpgroup, which
+    # computes the output; gated_delta_rule_chunk's the whole head dim, a state warpgroup per value slice and
+    # one output warpgroup. min_blocks_per_sm counts one-slice blocks.
+    wide_slices = max(head_dim // slice_v, 1)  # a tile_n that does not divide head_dim fails in the template
+    slice_threads = 2 * params["num_warps"] * 32
+    wide_threads = (wide_slices + 1) * params["num_warps"] * 32
+    wide_smem = smem_bytes_of(wide_slices)
+    wide_blocks_per_sm = max(params["min_blocks_per_sm"] // wide_slices, 1)
     reverse_smem = _reverse_dynamic_smem_bytes(chunk, head_dim, slice_v, itemsize)
     grads_smem = _grads_dynamic_smem_bytes(chunk, head_dim, itemsize)
     return LaunchContract(
@@ -98,8 +106,11 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
                "chain_columns": GDN_CHAIN_COLUMNS, "chain_threads": GDN_CHAIN_THREADS,
                "chain_dynamic_smem_bytes": _chain_dynamic_smem_bytes(head_dim),
                "reverse_dynamic_smem_bytes": reverse_smem, "grads_dynamic_smem_bytes": grads_smem,
-               "grads_threads": GDN_GRADS_THREADS, "output_threads": output_threads},
+               "grads_threads": GDN_GRADS_THREADS, "slice_threads": slice_threads, "wide_threads": wide_threads,
+               "wide_value_width": wide_slices * slice_v, "wide_dynamic_smem_bytes": wide_smem,
+               "wide_blocks_per_sm": wide_blocks_per_sm},
         parameters={"gated_delta_rule_chunk": _GDN_RECURRENCE_PARAMETERS,
+                    "gated_delta_rule_chunk_slice": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_summary": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_states": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_reverse": _GDN_REVERSE_PARAMETERS,
@@ -107,7 +118,8 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
                     "gated_delta_rule_chunk_chain": parameters(
                         "const float* summary, const float* initial_state, float* start_states, const int* chains, "
                         "long long num_heads_v")},
-        entry_shapes={"gated_delta_rule_chunk": (output_threads, smem_bytes),
+        entry_shapes={"gated_delta_rule_chunk": (wide_threads, wide_smem),
+                      "gated_delta_rule_chunk_slice": (slice_threads, smem_bytes),
                       "gated_delta_rule_chunk_chain": (GDN_CHAIN_THREADS, _chain_dynamic_smem_bytes(head_dim)),
                       "gated_delta_rule_chunk_reverse": (params["num_warps"] * 32, reverse_smem),
                       "gated_delta_rule_chunk_grads": (GDN_GRADS_THREADS, grads_smem)})

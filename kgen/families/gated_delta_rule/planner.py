@@ -44,14 +44,15 @@ class ChunkGatedDeltaRulePlan:
     def __repr__(self) -> str:
         # A summary: the chunk and segment tables have a row per chunk.
         return (f"ChunkGatedDeltaRulePlan({self.num_seqs} sequences, {len(self.chunks)} chunks, {len(self.segments)} "
-                f"segments, num_heads_v={self.num_heads_v}, head_dim={self.head_dim}, value_slice={self.value_slice}"
+                f"segments, num_heads_v={self.num_heads_v}, head_dim={self.head_dim}, value_slice={self.value_slice}, "
+                f"wide={self.wide}"
                 f"{', exact_split=True' if self.exact_split else ''})")
 
 
     schedule: ChunkSchedule
     num_heads_v: int
     head_dim: int
-    #: The recurrence's value columns per block (the spec's tile_n).
+    #: The recurrence's value columns per state warpgroup (the spec's tile_n).
     value_slice: int
     #: The sequences' token offsets ``[0, n0, n0 + n1, ...]``, as Python ints.
     cu_seqlens: tuple[int, ...]
@@ -84,6 +85,12 @@ class ChunkGatedDeltaRulePlan:
     def has_incomplete_tile(self) -> bool:
         return self.schedule.has_incomplete_tile
 
+    @property
+    def wide(self) -> bool:
+        """The forward runs in blocks of the whole head dim (gated_delta_rule_chunk), else of one value slice each
+        (gated_delta_rule_chunk_slice)."""
+        return self.schedule.wide
+
 
 def _check_size(seqlens: Sequence[int], chunk: int, num_heads_v: int, segment_chunks: int | None) -> None:
     """Refuse what the kernels cannot index, from the lengths alone (time per sequence, nothing per token)."""
@@ -109,6 +116,8 @@ class _Recurrence:
     chunk: int
     value_slice: int
     blocks_per_sm: int
+    #: The wide forward kernel's value columns per block.
+    wide_value_width: int
 
 
 def _recurrence(head_dim: int, tile_n: int | None) -> _Recurrence:
@@ -123,7 +132,8 @@ def _recurrence(head_dim: int, tile_n: int | None) -> _Recurrence:
         raise ValueError(f"tile_n: the spec offers {sorted(slices)} at head_dim {head_dim}, got {tile_n!r}")
     variant = family.select(head_dim=head_dim, tile_n=tile_n)
     sizes = contract(variant).sizes
-    return _Recurrence(sizes["chunk"], sizes["value_slice"], variant.param_dict["min_blocks_per_sm"])
+    return _Recurrence(sizes["chunk"], sizes["value_slice"], variant.param_dict["min_blocks_per_sm"],
+                       sizes["wide_value_width"])
 
 
 def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int = 128, num_sms: int | None = None,
@@ -164,9 +174,10 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
     slices = head_dim // recurrence.value_slice
     empty = sum(1 for n in seqlens if n == 0)  # a segment row each, besides the planner's
     # The summary covers K + V = 2 K columns.
+    costs = RecurrenceCosts(num_sms=num_sms, blocks_per_sm=recurrence.blocks_per_sm,
+                            wide_slices=recurrence.wide_value_width // recurrence.value_slice)
     schedule = plan_chunks(seqlens, chunk=recurrence.chunk, parallel_per_segment=num_heads_v * slices,
-                           summary_per_segment=2 * num_heads_v * slices,
-                           costs=RecurrenceCosts(num_sms=num_sms, blocks_per_sm=recurrence.blocks_per_sm),
+                           summary_per_segment=2 * num_heads_v * slices, costs=costs,
                            segment_chunks=segment_chunks, max_segments=GRID_YZ_LIMIT - empty)
     lengths = np.asarray(seqlens, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)])
