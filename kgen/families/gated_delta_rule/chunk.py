@@ -9,7 +9,8 @@ computed in chunks of the kernels' contract (see templates/gated_delta_rule_chun
    ``gated_delta_rule_chunk_summary`` maps each segment but the last of its sequence to
    (M, h) from a zero state; ``gated_delta_rule_chunk_chain`` turns them into every segment's
    exact start state.
-3. ``gated_delta_rule_chunk``: each segment from its start state, writing o and the final states.
+3. ``gated_delta_rule_chunk`` (a block per segment and v-head) or ``gated_delta_rule_chunk_slice`` (a block per
+   value slice of them; the plan picks): each segment from its start state, writing o and the final states.
 
 This module checks the inputs and launches; the plan (:mod:`.planner`) is built on the host once
 per batch layout, so the op never synchronises with the device and can be captured in a CUDA graph.
