@@ -491,6 +491,8 @@ struct Recurrence {
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
             kgen::fence_operands(vn);
+            // The next Tbeta: alone, this warpgroup was its only reader, so it loads now, as early as it can; in a
+            // wide block, once every state warpgroup's Tbeta W is done (after the barrier below).
             if (kGroups == 1 && next_full) load_full(kLoadTbeta, c + 1);
             // W's panel is free once every warp is past the wait above (the wgmma is the warpgroup's).
             if (kOutput) store_accumulators<kSliceV, T>(w_vn_panel, vn, 16 * warp, lane);
@@ -504,7 +506,7 @@ struct Recurrence {
             kgen::fence_proxy_async_shared();
             if (kOutput) kgen::named_barrier_arrive(kVnReady, kBlockThreads);
             kgen::named_barrier_sync(kStateBarrier, kStateThreads);  // Vn's decayed copy is whole
-            if (kGroups > 1 && next_full) load_full(kLoadTbeta, c + 1);  // every state warpgroup's Tbeta W is done
+            if (kGroups > 1 && next_full) load_full(kLoadTbeta, c + 1);
 
             // S^T = e^{Gamma_last} S^T + (diag(e^{Gamma_last - Gamma} / |k|) Vn)^T K.
             kgen::wgmma_fence();
