@@ -95,8 +95,8 @@ def test_matches_recurrence(lengths, heads, group, dtype, layout, l2norm, beta_f
     if sum(lengths) > 4000:
         lengths = lengths[:1]
     # split: segments of 1 to 8 chunks, so sequences of more chunks run as several exact segments. A plan for
-    # one SM runs segments of 8 chunks or more in wide blocks (head_dim 128), the default one mostly in one-slice
-    # blocks.
+    # one SM runs in wide blocks (head_dim 128) wherever it has two or more one-slice blocks, the default one
+    # mostly in one-slice blocks.
     check_against_reference(lengths, heads, group, head_dim, DTYPES[dtype], layout, l2norm, beta_fp32, with_initial,
                             seed=len(lengths) * 7919 + sum(lengths),
                             segment_chunks=data.draw(st.integers(1, 8)) if split else None,

@@ -78,10 +78,9 @@ def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, sms, spli
         times = [model_time(counts, n, parallel, 2 * parallel, costs) for n in candidates]
         best = min(times)
         assert seg == next(n for n, t in zip(candidates, times) if t == best)
-    # The forward's kernel: wide blocks where one-slice blocks would share SMs, over segments of 8 chunks or more.
+    # The forward's kernel: wide blocks where one-slice blocks would share SMs or wait for one.
     blocks = sum(math.ceil(c / seg) for c in counts) * parallel
-    longest_segment = min(seg, max(counts, default=0))
-    assert plan.wide is (split and wide_slices > 1 and longest_segment >= 8 and blocks > sms)
+    assert plan.wide is (split and wide_slices > 1 and blocks > sms * costs.blocks_per_sm)
 
 
 def test_splits_only_where_the_model_says_it_pays():

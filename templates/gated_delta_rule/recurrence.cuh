@@ -93,16 +93,18 @@ struct Recurrence {
     static constexpr int kWideThreads = (kWideGroups + 1) * kThreads;
 
     // Every tile a whole number of swizzle repeats, from a base aligned to one. Value tiles hold kGroups
-    // slices, one 64-column panel each, in a state warpgroup's order.
-    enum Load { kLoadK0, kLoadK1, kLoadQ, kLoadV, kLoadTbeta, kLoads };  // an mbarrier each
+    // slices, one 64-column panel each, in a state warpgroup's order. What the state warpgroups read is
+    // double-buffered, so the next chunk's loads go out at a chunk's first barrier.
+    enum Load { kLoadK0, kLoadK1, kLoadTbeta0, kLoadTbeta1, kLoadV0, kLoadV1, kLoadQ, kLoads };  // an mbarrier each
     template <int kGroups>
     struct alignas(64) Tiles {
         T k[2][kChunk * kHeadDim];     // this chunk's and the next one's
-        T q[kChunk * kHeadDim], v[kChunk * kSliceV * kGroups], tbeta[kChunk * kChunk];
-        T state[kSliceV * kGroups * kHeadDim];   // S^T as K S's and Q S's B operand
-        T w_vn[kChunk * kSliceV * kGroups];      // W = V - diag(e^Gamma) K S for Tbeta W; then Vn for the output's P Vn
-        T vn_decayed[kChunk * kSliceV * kGroups];
-        unsigned long long loaded[kLoads];       // TMA loads of a full chunk have landed
+        T tbeta[2][kChunk * kChunk];   // likewise
+        T v[2][kChunk * kSliceV * kGroups];
+        T q[kChunk * kHeadDim];
+        T state[kSliceV * kGroups * kHeadDim];  // S^T's 16-bit copy: K S's A operand, and Q S's B operand
+        T vn[kSliceV * kGroups * kChunk];       // Vn^T for the output's P Vn (value rows, one panel of tokens)
+        unsigned long long loaded[kLoads];      // TMA loads of a full chunk have landed
         float q_scale[kChunk], k_scale[kChunk];  // 1 / |row| with in-kernel l2norm
         float k_scale_output[kChunk];            // k's, the output warpgroup's own copy
     };
@@ -206,16 +208,17 @@ struct Recurrence {
                     kgen::tma_load_3d(kgen::smem_addr(tile + panel * kChunk * 64), which == kLoadQ ? &map_q : &map_k, 64 * panel,
                                       head, token, bar);
                 }
-            } else if (which == kLoadV) {
+            } else if (which == kLoadV0 || which == kLoadV1) {
                 kgen::mbarrier_arrive_expect_tx(bar, kChunk * kBlockValues * sizeof(T));
 #pragma unroll
                 for (int panel = 0; panel < kGroups; ++panel) {
-                    kgen::tma_load_3d(kgen::smem_addr(smem.v + panel * kChunk * kSliceV), &map_v, block_value0 + panel * kSliceV,
+                    kgen::tma_load_3d(kgen::smem_addr(smem.v[which - kLoadV0] + panel * kChunk * kSliceV), &map_v, block_value0 + panel * kSliceV,
                                       head_v, token, bar);
                 }
             } else {
                 kgen::mbarrier_arrive_expect_tx(bar, kChunk * kChunk * sizeof(T));
-                kgen::tma_load_3d(kgen::smem_addr(smem.tbeta), &map_tbeta, 0, 0, ((first_chunk + c) * heads_v + head_v) * kChunk, bar);
+                kgen::tma_load_3d(kgen::smem_addr(smem.tbeta[which - kLoadTbeta0]), &map_tbeta, 0, 0,
+                                  ((first_chunk + c) * heads_v + head_v) * kChunk, bar);
             }
         };
         // Every tile of an incomplete chunk by cp.async, rows past the sequence zero-filled, from the warpgroup
@@ -227,10 +230,10 @@ struct Recurrence {
             if (kOutput) load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid, thread);
             load_tile<kHeadDim, kThreads, kHasIncompleteTile>(smem.k[c % 2], k + token * qk_stride + head * kHeadDim, qk_stride, valid, thread);
             if (!transition) {
-                load_tile<kBlockValues, kThreads, kHasIncompleteTile>(smem.v, v + token * v_stride + head_v * kHeadDim + block_value0,
+                load_tile<kBlockValues, kThreads, kHasIncompleteTile>(smem.v[c % 2], v + token * v_stride + head_v * kHeadDim + block_value0,
                                                                       v_stride, valid, thread);
             }
-            load_tile<kChunk, kThreads, false>(smem.tbeta, tbeta + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kChunk * kChunk,
+            load_tile<kChunk, kThreads, false>(smem.tbeta[c % 2], tbeta + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kChunk * kChunk,
                                                kChunk, kChunk, thread);
             kgen::cp_async_commit();
         };
@@ -241,8 +244,8 @@ struct Recurrence {
                 if (output_role) {
                     kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadQ]), c % 2);
                 } else {
-                    if (!transition) kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadV]), c % 2);
-                    kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadTbeta]), c % 2);
+                    if (!transition) kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadV0 + c % 2]), (c / 2) % 2);
+                    kgen::mbarrier_wait(kgen::smem_addr(&smem.loaded[kLoadTbeta0 + c % 2]), (c / 2) % 2);
                 }
             } else {
                 kgen::cp_async_wait<0>();
@@ -263,8 +266,8 @@ struct Recurrence {
                     load_full(kLoadQ, 0);
                 } else {
                     load_full(kLoadK0, 0);
-                    if (!transition) load_full(kLoadV, 0);
-                    load_full(kLoadTbeta, 0);
+                    if (!transition) load_full(kLoadV0, 0);
+                    load_full(kLoadTbeta0, 0);
                 }
             } else if (tail_loader) {
                 load_incomplete(0);
@@ -273,11 +276,8 @@ struct Recurrence {
         }
         // Accumulator rows 16 warp + lane / 4 (+ 8), columns 8 n + 2 (lane % 4) (+ 1), in any warpgroup.
         const int row = 16 * warp + lane / 4, fragment_column = 2 * (lane % 4);
-        const unsigned state_tile = kgen::smem_addr(smem.state), w_vn_tile = kgen::smem_addr(smem.w_vn);
-        // A state warpgroup's panels of the value tiles, and its rows of S^T's copy.
-        T* const v_panel = smem.v + group * kChunk * kSliceV;
-        T* const w_vn_panel = smem.w_vn + group * kChunk * kSliceV;
-        T* const vn_decayed_panel = smem.vn_decayed + group * kChunk * kSliceV;
+        const unsigned state_tile = kgen::smem_addr(smem.state), vn_tile = kgen::smem_addr(smem.vn);
+        // A state warpgroup's rows of S^T's copy.
         const unsigned state_rows = state_tile + group * kSliceV * 128;
 
         if (output_role) {
@@ -350,11 +350,11 @@ struct Recurrence {
                     for (int e = 0; e < 4; ++e) qs[n][e] *= kgen::exp2_ftz(gamma_row[e / 2]) * q_scale[e / 2];
                 }
 
-                kgen::named_barrier_sync(kVnReady, kBlockThreads);  // Vn is in w_vn
+                kgen::named_barrier_sync(kVnReady, kBlockThreads);  // Vn^T is in its tile
                 kgen::fence_operands(p_frag);
                 kgen::wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kBlockValues, 1>(qs, p_frag[kk], mn_major(w_vn_tile, kk), true);
+                for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kBlockValues, 0>(qs, p_frag[kk], k_major<kBlockValues>(vn_tile, kk), true);
                 kgen::wgmma_commit();
                 kgen::wgmma_wait<0>();
                 kgen::fence_operands(qs);
@@ -413,6 +413,11 @@ struct Recurrence {
             }
         }
 
+        // The chain runs transposed, with each product's A operand in registers: (K S)^T = S^T K^T from S^T's copy,
+        // Vn^T = W^T Tbeta^T from W^T's fragments, S^T += Vn_decayed^T K from Vn_decayed^T's, so that W and Vn never
+        // go through shared memory (in the other orientation each was stored, fenced and waited for at a barrier,
+        // and every product read both operands from shared memory: bench/NOTES.md, nineteenth session).
+        // Accumulator column j of these products is token j of the chunk.
         for (int c = 0; c < chunks; ++c) {
             const bool next_full = c + 1 < chunks && is_full(c + 1);
             const float gate[2] = {gate_next[0], gate_next[1]};
@@ -421,99 +426,94 @@ struct Recurrence {
                                         s, value0 + row, fragment_column);
             }
             wait_chunk(c, false);
-            // S^T's copy (and cp.async tiles) are read by wgmma.
-            kgen::fence_proxy_async_shared();
+            kgen::fence_proxy_async_shared();  // S^T's copy (and cp.async tiles) are read by wgmma
             if (kOutput && !is_full(c)) {
                 __syncthreads();  // the output warpgroup loaded this chunk
             } else {
                 kgen::named_barrier_sync(kStateBarrier, kStateThreads);
             }
-            // The other K buffer's last readers are done: the state warpgroups' updates and, before kOutputDone,
-            // the output's P and Q S of the chunk before.
-            if (next_full) load_full(Load(kLoadK0 + (c + 1) % 2), c + 1);
+            // The other buffers' last readers are done: the state warpgroups' chunk before and, before
+            // kOutputDone, the output's P and Q S of it.
+            if (next_full) {
+                load_full(Load(kLoadK0 + (c + 1) % 2), c + 1);
+                if (!transition) load_full(Load(kLoadV0 + (c + 1) % 2), c + 1);
+                load_full(Load(kLoadTbeta0 + (c + 1) % 2), c + 1);
+            }
             if (c + 1 < chunks) load_gates(c + 1, gate_next);
             // In-kernel l2norm: rows of k scale the products instead of being rounded normalised.
-            float k_scale[2] = {1.f, 1.f};
             if (use_qk_l2norm) {
                 inverse_row_norms<kHeadDim>(smem.k[c % 2], smem.k_scale, thread + group * kThreads);  // the first's
                 kgen::named_barrier_sync(kStateBarrier, kStateThreads);
-#pragma unroll
-                for (int half = 0; half < 2; ++half) k_scale[half] = smem.k_scale[row + 8 * half];
             }
+            auto key_scale = [&](int token) { return use_qk_l2norm ? smem.k_scale[token] : 1.f; };
             const float2 gamma = gate_cumsum(kgen::kLog2e * gate[0], kgen::kLog2e * gate[1], lane);  // log2 domain
             const float gamma_last = __shfl_sync(0xffffffffu, gamma.y, 31);
-            const float gamma_row[2] = {gamma_of(gamma, row), gamma_of(gamma, row + 8)};
             const unsigned k_tile = kgen::smem_addr(smem.k[c % 2]);
 
-            float ks[kValueTiles][4];
+            float ks[kChunk / 8][4];  // (K S)^T
             kgen::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-                kgen::wgmma_ss<kSliceV, 0>(ks, k_major<kChunk>(k_tile, kk), k_major<kBlockValues>(state_rows, kk), kk > 0);
+                kgen::wgmma_ss<kChunk, 0>(ks, k_major<kBlockValues>(state_rows, kk), k_major<kChunk>(k_tile, kk), kk > 0);
             }
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
             kgen::fence_operands(ks);
 
-            // W = V - diag(e^Gamma) K S into shared memory, V read and W written two column blocks at a time, in
-            // the accumulators' layout (ldmatrix, stmatrix).
-            if (kOutput && c > 0) kgen::named_barrier_sync(kVnFree, kBlockThreads);  // O's P Vn of the chunk before
-            {
-                const float decay[2] = {kgen::exp2_ftz(gamma_row[0]) * k_scale[0], kgen::exp2_ftz(gamma_row[1]) * k_scale[1]};
-                const int matrix_row = 16 * warp + (lane / 8 % 2) * 8 + lane % 8, matrix_col = (lane / 16) * 8;
-#pragma unroll
-                for (int pair = 0; pair < kValueTiles / 2; ++pair) {
-                    const int at = swizzled<kSliceV>(matrix_row, 16 * pair + matrix_col);
-                    unsigned values[4] = {0u, 0u, 0u, 0u};  // the transition's columns have no values
-                    if (!transition) kgen::ldmatrix_x4(values, kgen::smem_addr(v_panel + at));
-                    unsigned w[4];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {  // matrix i: column block 2 pair + i / 2, rows + 8 (i % 2)
-                        const float* const product = ks[2 * pair + i / 2] + 2 * (i % 2);
-                        const float2 value = kgen::unpack2<T>(values[i]);
-                        w[i] = kgen::pack2<T>(value.x - decay[i % 2] * product[0], value.y - decay[i % 2] * product[1]);
-                    }
-                    kgen::stmatrix_x4(kgen::smem_addr(w_vn_panel + at), w);
-                }
-            }
-            kgen::fence_proxy_async_shared();
-            kgen::named_barrier_sync(kStateBarrier, kStateThreads);  // W is whole; V is no longer read
-            if (next_full && !transition) load_full(kLoadV, c + 1);
-
-            // Vn = Tbeta W.
-            float vn[kValueTiles][4];
-            kgen::wgmma_fence();
+            // W^T = V^T - (K S)^T diag(e^Gamma / |k|), as A fragments (accumulators_as_a's packing: fragment n / 2,
+            // register 2 (n % 2) + half holds column block n's rows + 8 half), V^T's read in the same packing by
+            // ldmatrix.trans of this warpgroup's panel of V.
+            const T* const v_panel = smem.v[c % 2] + group * kChunk * kSliceV;
+            unsigned w[kChunk / 16][4];
 #pragma unroll
             for (int kk = 0; kk < kChunk / 16; ++kk) {
-                kgen::wgmma_ss<kSliceV, 1>(vn, k_major<kChunk>(kgen::smem_addr(smem.tbeta), kk),
-                                           mn_major(kgen::smem_addr(w_vn_panel), kk), kk > 0);
+                unsigned values[4] = {0u, 0u, 0u, 0u};  // the transition's columns have no values
+                if (!transition) load_a_transposed<kSliceV>(values, v_panel, 16 * warp, 16 * kk, lane);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int n = 2 * kk + i / 2, half = i % 2, token = 8 * n + fragment_column;
+                    const float2 columns = gamma_of_columns(gamma, n, lane);
+                    const float2 value = kgen::unpack2<T>(values[i]);
+                    w[kk][i] = kgen::pack2<T>(value.x - kgen::exp2_ftz(columns.x) * key_scale(token) * ks[n][2 * half],
+                                              value.y - kgen::exp2_ftz(columns.y) * key_scale(token + 1) * ks[n][2 * half + 1]);
+                }
             }
+
+            // Vn^T = W^T Tbeta^T.
+            float vn[kChunk / 8][4];
+            const unsigned tbeta_tile = kgen::smem_addr(smem.tbeta[c % 2]);
+            kgen::fence_operands(w);
+            kgen::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kChunk, 0>(vn, w[kk], k_major<kChunk>(tbeta_tile, kk), kk > 0);
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
             kgen::fence_operands(vn);
-            // The next Tbeta: alone, this warpgroup was its only reader, so it loads now, as early as it can; in a
-            // wide block, once every state warpgroup's Tbeta W is done (after the barrier below).
-            if (kGroups == 1 && next_full) load_full(kLoadTbeta, c + 1);
-            // W's panel is free once every warp is past the wait above (the wgmma is the warpgroup's).
-            if (kOutput) store_accumulators<kSliceV, T>(w_vn_panel, vn, 16 * warp, lane);
-#pragma unroll
-            for (int n = 0; n < kValueTiles; ++n) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) vn[n][e] *= kgen::exp2_ftz(gamma_last - gamma_row[e / 2]) * k_scale[e / 2];
+            if (kOutput) {  // Vn^T's copy for O's P Vn
+                if (c > 0) kgen::named_barrier_sync(kVnFree, kBlockThreads);  // O's P Vn of the chunk before is done
+                store_accumulators<kChunk, T, kChunk / 8, kBlockValues>(smem.vn, vn, kSliceV * group + 16 * warp, lane);
+                kgen::fence_proxy_async_shared();
+                kgen::named_barrier_arrive(kVnReady, kBlockThreads);
             }
-            store_accumulators<kSliceV, T>(vn_decayed_panel, vn, 16 * warp, lane);
-            scale_accumulators(s, kgen::exp2_ftz(gamma_last));
-            kgen::fence_proxy_async_shared();
-            if (kOutput) kgen::named_barrier_arrive(kVnReady, kBlockThreads);
-            kgen::named_barrier_sync(kStateBarrier, kStateThreads);  // Vn's decayed copy is whole
-            if (kGroups > 1 && next_full) load_full(kLoadTbeta, c + 1);
 
             // S^T = e^{Gamma_last} S^T + (diag(e^{Gamma_last - Gamma} / |k|) Vn)^T K.
+            unsigned vn_decayed[kChunk / 16][4];
+#pragma unroll
+            for (int n = 0; n < kChunk / 8; ++n) {
+                const float2 columns = gamma_of_columns(gamma, n, lane);
+                const int token = 8 * n + fragment_column;
+                const float decay[2] = {kgen::exp2_ftz(gamma_last - columns.x) * key_scale(token),
+                                        kgen::exp2_ftz(gamma_last - columns.y) * key_scale(token + 1)};
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    vn_decayed[n / 2][2 * (n % 2) + half] = kgen::pack2<T>(decay[0] * vn[n][2 * half], decay[1] * vn[n][2 * half + 1]);
+                }
+            }
+            scale_accumulators(s, kgen::exp2_ftz(gamma_last));
+            kgen::fence_operands(vn_decayed);
             kgen::wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < kChunk / 16; ++kk) {
-                kgen::wgmma_ss<kHeadDim, 1, 1>(s, mn_major(kgen::smem_addr(vn_decayed_panel), kk), mn_major(k_tile, kk), true);
-            }
+            for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kHeadDim, 1>(s, vn_decayed[kk], mn_major(k_tile, kk), true);
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
             kgen::fence_operands(s);

@@ -52,6 +52,8 @@ GDN_GRADS_THREADS = 256
 #: the kernel checks the call's cu_seqlens against.
 GDN_SEGMENT_FIELDS = ("sequence", "first_token", "end_token", "first_chunk", "chunks", "summary_slot", "start_slot",
                       "writes_final", "sequence_start")
+#: An SM's 32-bit registers (sm_90), which bound the forward's blocks an SM.
+GDN_REGISTERS_PER_SM = 65536
 #: The chain's block: value columns per block and threads.
 GDN_CHAIN_COLUMNS, GDN_CHAIN_THREADS = 8, 256
 
@@ -83,10 +85,11 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
     itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
     chunk, head_dim, slice_v = params["tile_m"], params["head_dim"], params["tile_n"]
     def smem_bytes_of(slices: int) -> int:
-        # K twice, Q and Tbeta once; per value slice V, S^T's 16-bit copy, W (then Vn) and decayed Vn; five
-        # mbarriers and the l2norm row scales (q's, and k's twice), padded to 64 bytes; from a swizzle-aligned base.
-        elements = 3 * chunk * head_dim + chunk * chunk + slices * (chunk * slice_v + head_dim * slice_v + 2 * chunk * slice_v)
-        small_bytes = -(-(5 * 8 + 3 * chunk * 4) // 64) * 64
+        # K and Tbeta twice, Q once; per value slice V twice, S^T's 16-bit copy and Vn^T's; seven mbarriers and the
+        # l2norm row scales (q's, and k's twice), padded to 64 bytes; from a swizzle-aligned base (recurrence.cuh's
+        # Tiles).
+        elements = 3 * chunk * head_dim + 2 * chunk * chunk + slices * (3 * chunk * slice_v + head_dim * slice_v)
+        small_bytes = -(-(7 * 8 + 3 * chunk * 4) // 64) * 64
         return SWIZZLE_ALIGNMENT + elements * itemsize + small_bytes
 
     smem_bytes = smem_bytes_of(1)
@@ -97,7 +100,13 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
     slice_threads = 2 * params["num_warps"] * 32
     wide_threads = (wide_slices + 1) * params["num_warps"] * 32
     wide_smem = smem_bytes_of(wide_slices)
-    wide_blocks_per_sm = max(params["min_blocks_per_sm"] // wide_slices, 1)
+    # As many as min_blocks_per_sm asks (it counts one-slice blocks) and the registers allow: a state warpgroup
+    # needs head_dim / 2 + 96 a thread (chunk.cu.j2's kChainRegisters).
+    chain_registers = head_dim // 2 + 96
+    def blocks_that_fit(wanted: int, threads: int) -> int:
+        return max(min(wanted, GDN_REGISTERS_PER_SM // (threads * chain_registers)), 1)
+    slice_blocks_per_sm = blocks_that_fit(params["min_blocks_per_sm"], slice_threads)
+    wide_blocks_per_sm = blocks_that_fit(params["min_blocks_per_sm"] // wide_slices, wide_threads)
     reverse_smem = _reverse_dynamic_smem_bytes(chunk, head_dim, slice_v, itemsize)
     grads_smem = _grads_dynamic_smem_bytes(chunk, head_dim, itemsize)
     return LaunchContract(
@@ -108,7 +117,7 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
                "reverse_dynamic_smem_bytes": reverse_smem, "grads_dynamic_smem_bytes": grads_smem,
                "grads_threads": GDN_GRADS_THREADS, "slice_threads": slice_threads, "wide_threads": wide_threads,
                "wide_value_width": wide_slices * slice_v, "wide_dynamic_smem_bytes": wide_smem,
-               "wide_blocks_per_sm": wide_blocks_per_sm},
+               "wide_blocks_per_sm": wide_blocks_per_sm, "slice_blocks_per_sm": slice_blocks_per_sm},
         parameters={"gated_delta_rule_chunk": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_slice": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_summary": _GDN_RECURRENCE_PARAMETERS,

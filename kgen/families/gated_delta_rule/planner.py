@@ -132,8 +132,7 @@ def _recurrence(head_dim: int, tile_n: int | None) -> _Recurrence:
         raise ValueError(f"tile_n: the spec offers {sorted(slices)} at head_dim {head_dim}, got {tile_n!r}")
     variant = family.select(head_dim=head_dim, tile_n=tile_n)
     sizes = contract(variant).sizes
-    return _Recurrence(sizes["chunk"], sizes["value_slice"], variant.param_dict["min_blocks_per_sm"],
-                       sizes["wide_value_width"])
+    return _Recurrence(sizes["chunk"], sizes["value_slice"], sizes["slice_blocks_per_sm"], sizes["wide_value_width"])
 
 
 def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int = 128, num_sms: int | None = None,

@@ -49,7 +49,7 @@ def _segments_per_sequence(chunks: np.ndarray, segment_chunks: int) -> np.ndarra
 class RecurrenceCosts:
     """The planner's model of the recurrence kernels, in units of one chunk of one one-slice block alone on an
     SM (the defaults are the H200's, fitted to forced splits of the benchmark's shapes with every summary run
-    in full: bench/NOTES.md, thirteenth session). ``wide_slices`` and ``wide_min_chunks``: see :meth:`wide`."""
+    in full: bench/NOTES.md, thirteenth session). ``wide_slices``: see :meth:`wide`."""
 
     num_sms: int = DEFAULT_NUM_SMS
     blocks_per_sm: int = 2
@@ -61,17 +61,16 @@ class RecurrenceCosts:
     chain_step: float = 1.5
     #: What splitting adds besides: two more launches, and the summary's pipeline fill.
     split_overhead: float = 5.0
-    #: Value slices of the forward's wide block (1: it has none), and the shortest segment it runs.
+    #: Value slices of the forward's wide block (1: it has none).
     wide_slices: int = 1
-    wide_min_chunks: int = 8
 
-    def wide(self, blocks: int, longest: int) -> bool:
-        """Whether a forward of ``blocks`` one-slice blocks, the longest segment ``longest`` chunks, runs in wide
-        blocks instead (a block per segment and v-head, one on an SM, loading each tile once for all its slices).
-        Measured on the H200 (bench/NOTES.md, eighteenth session): faster than one-slice blocks that share SMs
-        (3.7 against 4.1 us a chunk and SM at 4 x 8k 16/32), slower than one-slice blocks alone on an SM (2.3 us),
-        and slower for segments of one or two chunks, whose start and end two one-slice blocks on an SM hide."""
-        return self.wide_slices > 1 and longest >= self.wide_min_chunks and blocks > self.num_sms
+    def wide(self, blocks: int) -> bool:
+        """Whether a forward of ``blocks`` one-slice blocks runs in wide blocks instead (a block per segment and
+        v-head, one on an SM, loading each tile once for all its slices): where the one-slice blocks would share
+        SMs or wait for one. Measured on the H200 (bench/NOTES.md, eighteenth session): faster than one-slice
+        blocks that share SMs (3.7 against 4.1 us a chunk and SM at 4 x 8k 16/32), slower than one-slice blocks
+        alone on an SM (2.3 us)."""
+        return self.wide_slices > 1 and blocks > self.num_sms * self.blocks_per_sm
 
     def phase(self, blocks: int, work: float, longest: int) -> float:
         """Time of a launch of ``blocks`` blocks doing ``work`` block-chunks, the longest ``longest`` chunks."""
@@ -159,6 +158,5 @@ def plan_chunks(seqlens: Sequence[int], *, chunk: int, parallel_per_segment: int
         chunk=chunk,
         total_tokens=int(lengths.sum()),
         max_seqlen=int(lengths.max(initial=0)),
-        wide=costs is not None and costs.wide(int(pieces.sum()) * parallel_per_segment,
-                                              int(min(segment_chunks, chunks.max(initial=0)))),
+        wide=costs is not None and costs.wide(int(pieces.sum()) * parallel_per_segment),
     )
