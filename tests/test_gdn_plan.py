@@ -27,26 +27,33 @@ def model_chunks(seqlens, chunk):
 
 def model_time(counts, length, parallel, summary_blocks, costs):
     """The planner's cost model, restated one sequence at a time."""
-    def phase(blocks, work, longest):
+    def phase(blocks, work, longest, per_sm):
         if blocks <= costs.num_sms:
             return longest
-        slots = costs.num_sms * costs.blocks_per_sm
-        return costs.shared * max(longest * math.ceil(blocks / slots), work / slots)
+        slots = costs.num_sms * per_sm
+        return (costs.shared if per_sm > 1 else 1) * max(longest * math.ceil(blocks / slots), work / slots)
     pieces = [math.ceil(c / length) for c in counts]
-    forward = phase(sum(pieces) * parallel, sum(counts) * parallel, min(length, max(counts)))
+    blocks, longest = sum(pieces) * parallel, min(length, max(counts))
+    if costs.wide_slices > 1 and blocks > costs.num_sms * costs.blocks_per_sm:  # wide blocks, one an SM
+        forward = costs.wide_chunk * phase(math.ceil(blocks / costs.wide_slices), sum(counts) * parallel / costs.wide_slices,
+                                           longest, 1)
+    else:
+        forward = phase(blocks, sum(counts) * parallel, longest, costs.blocks_per_sm)
     if all(n <= 1 for n in pieces):
         return forward
     summary_blocks_total = sum(n - 1 for n in pieces if n > 1) * summary_blocks
     summarised = sum((n - 1) * length for n in pieces if n > 1)
-    return (costs.split_overhead + costs.summary * phase(summary_blocks_total, summarised * summary_blocks, length)
+    return (costs.split_overhead + costs.summary * phase(summary_blocks_total, summarised * summary_blocks, length,
+                                                         costs.summary_blocks_per_sm)
             + costs.chain_step * max(n - 1 for n in pieces) + forward)
 
 
 @settings(max_examples=200, deadline=None)
 @given(seqlens=lengths, chunk=st.sampled_from([16, 64]), parallel=st.integers(1, 64), sms=st.integers(1, 200),
-       split=st.booleans(), min_chunks=st.integers(1, 16), wide_slices=st.sampled_from([1, 2]))
-def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, sms, split, min_chunks, wide_slices):
-    costs = RecurrenceCosts(num_sms=sms, wide_slices=wide_slices) if split else None
+       split=st.booleans(), min_chunks=st.integers(1, 16), wide_slices=st.sampled_from([1, 2]),
+       blocks_per_sm=st.sampled_from([1, 2]))
+def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, sms, split, min_chunks, wide_slices, blocks_per_sm):
+    costs = RecurrenceCosts(num_sms=sms, wide_slices=wide_slices, blocks_per_sm=blocks_per_sm) if split else None
     plan = plan_chunks(seqlens, chunk=chunk, parallel_per_segment=parallel, costs=costs,
                        min_segment_chunks=min_chunks)
     assert [tuple(x) for x in plan.chunk_indices.tolist()] == model_chunks(seqlens, chunk)

@@ -107,6 +107,9 @@ struct Recurrence {
         unsigned long long loaded[kLoads];      // TMA loads of a full chunk have landed
         float q_scale[kChunk], k_scale[kChunk];  // 1 / |row| with in-kernel l2norm
         float k_scale_output[kChunk];            // k's, the output warpgroup's own copy
+        // Each state warp's gate factors of the chunk's tokens (column_factors: e^Gamma / |k| and
+        // e^{Gamma_last - Gamma} / |k|), made once per lane pair instead of once per accumulator column.
+        float2 token_factors[kGroups * kThreads / 32][kChunk];
     };
     // Named barriers (0 is __syncthreads'): the state warpgroups'; the output warpgroup's own; then, between
     // them in the output kernel, one for each hand-over: what one side arrives at when its part is done, the
@@ -407,9 +410,9 @@ struct Recurrence {
                 }
             }
             store_accumulators<kHeadDim, T, kKeyTiles, kBlockValues>(smem.state, s, kSliceV * group + 16 * warp, lane);
-            if (kOutput && chunks > 0) {
-                kgen::fence_proxy_async_shared();
-                kgen::named_barrier_arrive(kStateReady, kBlockThreads);
+            if (chunks > 0) {
+                kgen::fence_proxy_async_shared();  // read by wgmma (K S's, and the output's Q S)
+                if (kOutput) kgen::named_barrier_arrive(kStateReady, kBlockThreads);
             }
         }
 
@@ -426,7 +429,7 @@ struct Recurrence {
                                         s, value0 + row, fragment_column);
             }
             wait_chunk(c, false);
-            kgen::fence_proxy_async_shared();  // S^T's copy (and cp.async tiles) are read by wgmma
+            if (!is_full(c)) kgen::fence_proxy_async_shared();  // cp.async tiles are read by wgmma
             if (kOutput && !is_full(c)) {
                 __syncthreads();  // the output warpgroup loaded this chunk
             } else {
@@ -439,17 +442,8 @@ struct Recurrence {
                 if (!transition) load_full(Load(kLoadV0 + (c + 1) % 2), c + 1);
                 load_full(Load(kLoadTbeta0 + (c + 1) % 2), c + 1);
             }
-            if (c + 1 < chunks) load_gates(c + 1, gate_next);
-            // In-kernel l2norm: rows of k scale the products instead of being rounded normalised.
-            if (use_qk_l2norm) {
-                inverse_row_norms<kHeadDim>(smem.k[c % 2], smem.k_scale, thread + group * kThreads);  // the first's
-                kgen::named_barrier_sync(kStateBarrier, kStateThreads);
-            }
-            auto key_scale = [&](int token) { return use_qk_l2norm ? smem.k_scale[token] : 1.f; };
-            const float2 gamma = gate_cumsum(kgen::kLog2e * gate[0], kgen::kLog2e * gate[1], lane);  // log2 domain
-            const float gamma_last = __shfl_sync(0xffffffffu, gamma.y, 31);
             const unsigned k_tile = kgen::smem_addr(smem.k[c % 2]);
-
+            // Each step below issues its product, then does what does not depend on it while the product runs.
             float ks[kChunk / 8][4];  // (K S)^T
             kgen::wgmma_fence();
 #pragma unroll
@@ -457,6 +451,25 @@ struct Recurrence {
                 kgen::wgmma_ss<kChunk, 0>(ks, k_major<kBlockValues>(state_rows, kk), k_major<kChunk>(k_tile, kk), kk > 0);
             }
             kgen::wgmma_commit();
+
+            if (c + 1 < chunks) load_gates(c + 1, gate_next);
+            // In-kernel l2norm: rows of k scale the products instead of being rounded normalised.
+            if (use_qk_l2norm) {
+                inverse_row_norms<kHeadDim>(smem.k[c % 2], smem.k_scale, thread + group * kThreads);  // the first's
+                kgen::named_barrier_sync(kStateBarrier, kStateThreads);
+            }
+            // This warp's factors of tokens 2 lane and 2 lane + 1 (log2 domain), for every lane to read its columns'.
+            const float2 gamma = gate_cumsum(kgen::kLog2e * gate[0], kgen::kLog2e * gate[1], lane);
+            const float gamma_last = __shfl_sync(0xffffffffu, gamma.y, 31);
+            float2* const token_factors = smem.token_factors[group * (kThreads / 32) + warp];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float key = use_qk_l2norm ? smem.k_scale[2 * lane + e] : 1.f, gamma_token = e ? gamma.y : gamma.x;
+                token_factors[2 * lane + e] = make_float2(kgen::exp2_ftz(gamma_token) * key, kgen::exp2_ftz(gamma_last - gamma_token) * key);
+            }
+            __syncwarp();
+            // The factors of accumulator column block n's columns 8 n + fragment_column (+ 1).
+            auto column_factors = [&](int n, int e) { return token_factors[8 * n + fragment_column + e]; };
             kgen::wgmma_wait<0>();
             kgen::fence_operands(ks);
 
@@ -471,15 +484,14 @@ struct Recurrence {
                 if (!transition) load_a_transposed<kSliceV>(values, v_panel, 16 * warp, 16 * kk, lane);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int n = 2 * kk + i / 2, half = i % 2, token = 8 * n + fragment_column;
-                    const float2 columns = gamma_of_columns(gamma, n, lane);
+                    const int n = 2 * kk + i / 2, half = i % 2;
                     const float2 value = kgen::unpack2<T>(values[i]);
-                    w[kk][i] = kgen::pack2<T>(value.x - kgen::exp2_ftz(columns.x) * key_scale(token) * ks[n][2 * half],
-                                              value.y - kgen::exp2_ftz(columns.y) * key_scale(token + 1) * ks[n][2 * half + 1]);
+                    w[kk][i] = kgen::pack2<T>(value.x - column_factors(n, 0).x * ks[n][2 * half],
+                                              value.y - column_factors(n, 1).x * ks[n][2 * half + 1]);
                 }
             }
 
-            // Vn^T = W^T Tbeta^T.
+            // Vn^T = W^T Tbeta^T; meanwhile S^T's decay over the chunk.
             float vn[kChunk / 8][4];
             const unsigned tbeta_tile = kgen::smem_addr(smem.tbeta[c % 2]);
             kgen::fence_operands(w);
@@ -487,41 +499,40 @@ struct Recurrence {
 #pragma unroll
             for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kChunk, 0>(vn, w[kk], k_major<kChunk>(tbeta_tile, kk), kk > 0);
             kgen::wgmma_commit();
+            scale_accumulators(s, kgen::exp2_ftz(gamma_last));
             kgen::wgmma_wait<0>();
             kgen::fence_operands(vn);
-            if (kOutput) {  // Vn^T's copy for O's P Vn
+
+            // S^T = e^{Gamma_last} S^T + (diag(e^{Gamma_last - Gamma} / |k|) Vn)^T K; meanwhile Vn^T's copy for O's
+            // P Vn.
+            unsigned vn_decayed[kChunk / 16][4];
+#pragma unroll
+            for (int n = 0; n < kChunk / 8; ++n) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    vn_decayed[n / 2][2 * (n % 2) + half] =
+                        kgen::pack2<T>(column_factors(n, 0).y * vn[n][2 * half], column_factors(n, 1).y * vn[n][2 * half + 1]);
+                }
+            }
+            kgen::fence_operands(vn_decayed);
+            kgen::fence_operands(s);
+            kgen::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kHeadDim, 1>(s, vn_decayed[kk], mn_major(k_tile, kk), true);
+            kgen::wgmma_commit();
+            if (kOutput) {
                 if (c > 0) kgen::named_barrier_sync(kVnFree, kBlockThreads);  // O's P Vn of the chunk before is done
                 store_accumulators<kChunk, T, kChunk / 8, kBlockValues>(smem.vn, vn, kSliceV * group + 16 * warp, lane);
                 kgen::fence_proxy_async_shared();
                 kgen::named_barrier_arrive(kVnReady, kBlockThreads);
             }
-
-            // S^T = e^{Gamma_last} S^T + (diag(e^{Gamma_last - Gamma} / |k|) Vn)^T K.
-            unsigned vn_decayed[kChunk / 16][4];
-#pragma unroll
-            for (int n = 0; n < kChunk / 8; ++n) {
-                const float2 columns = gamma_of_columns(gamma, n, lane);
-                const int token = 8 * n + fragment_column;
-                const float decay[2] = {kgen::exp2_ftz(gamma_last - columns.x) * key_scale(token),
-                                        kgen::exp2_ftz(gamma_last - columns.y) * key_scale(token + 1)};
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    vn_decayed[n / 2][2 * (n % 2) + half] = kgen::pack2<T>(decay[0] * vn[n][2 * half], decay[1] * vn[n][2 * half + 1]);
-                }
-            }
-            scale_accumulators(s, kgen::exp2_ftz(gamma_last));
-            kgen::fence_operands(vn_decayed);
-            kgen::wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < kChunk / 16; ++kk) kgen::wgmma_rs<kHeadDim, 1>(s, vn_decayed[kk], mn_major(k_tile, kk), true);
-            kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
             kgen::fence_operands(s);
             if (kOutput) kgen::named_barrier_sync(kOutputDone, kBlockThreads);  // O has read S^T's copy
             store_accumulators<kHeadDim, T, kKeyTiles, kBlockValues>(smem.state, s, kSliceV * group + 16 * warp, lane);
-            if (kOutput && c + 1 < chunks) {
-                kgen::fence_proxy_async_shared();
-                kgen::named_barrier_arrive(kStateReady, kBlockThreads);
+            if (c + 1 < chunks) {
+                kgen::fence_proxy_async_shared();  // read by wgmma (K S's, and the output's Q S)
+                if (kOutput) kgen::named_barrier_arrive(kStateReady, kBlockThreads);
             }
             // An incomplete next chunk loads now that this one reads no tile any more.
             if (!kOutput && c + 1 < chunks && !next_full) load_incomplete(c + 1);

@@ -85,11 +85,11 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
     itemsize = ELEMENT_TYPES[params["dtype"]].itemsize
     chunk, head_dim, slice_v = params["tile_m"], params["head_dim"], params["tile_n"]
     def smem_bytes_of(slices: int) -> int:
-        # K and Tbeta twice, Q once; per value slice V twice, S^T's 16-bit copy and Vn^T's; seven mbarriers and the
-        # l2norm row scales (q's, and k's twice), padded to 64 bytes; from a swizzle-aligned base (recurrence.cuh's
-        # Tiles).
+        # K and Tbeta twice, Q once; per value slice V twice, S^T's 16-bit copy and Vn^T's; seven mbarriers, the
+        # l2norm row scales (q's, and k's twice) and each state warp's two gate factors a token, padded to 64 bytes;
+        # from a swizzle-aligned base (recurrence.cuh's Tiles).
         elements = 3 * chunk * head_dim + 2 * chunk * chunk + slices * (3 * chunk * slice_v + head_dim * slice_v)
-        small_bytes = -(-(7 * 8 + 3 * chunk * 4) // 64) * 64
+        small_bytes = -(-(7 * 8 + 3 * chunk * 4 + slices * params["num_warps"] * chunk * 8) // 64) * 64
         return SWIZZLE_ALIGNMENT + elements * itemsize + small_bytes
 
     smem_bytes = smem_bytes_of(1)

@@ -115,7 +115,9 @@ class _Recurrence:
 
     chunk: int
     value_slice: int
+    #: One-slice forward blocks, and summary blocks, an SM holds.
     blocks_per_sm: int
+    summary_blocks_per_sm: int
     #: The wide forward kernel's value columns per block.
     wide_value_width: int
 
@@ -132,7 +134,8 @@ def _recurrence(head_dim: int, tile_n: int | None) -> _Recurrence:
         raise ValueError(f"tile_n: the spec offers {sorted(slices)} at head_dim {head_dim}, got {tile_n!r}")
     variant = family.select(head_dim=head_dim, tile_n=tile_n)
     sizes = contract(variant).sizes
-    return _Recurrence(sizes["chunk"], sizes["value_slice"], sizes["slice_blocks_per_sm"], sizes["wide_value_width"])
+    return _Recurrence(sizes["chunk"], sizes["value_slice"], sizes["slice_blocks_per_sm"], variant.param_dict["min_blocks_per_sm"],
+                       sizes["wide_value_width"])
 
 
 def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int = 128, num_sms: int | None = None,
@@ -174,6 +177,7 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
     empty = sum(1 for n in seqlens if n == 0)  # a segment row each, besides the planner's
     # The summary covers K + V = 2 K columns.
     costs = RecurrenceCosts(num_sms=num_sms, blocks_per_sm=recurrence.blocks_per_sm,
+                            summary_blocks_per_sm=recurrence.summary_blocks_per_sm,
                             wide_slices=recurrence.wide_value_width // recurrence.value_slice)
     schedule = plan_chunks(seqlens, chunk=recurrence.chunk, parallel_per_segment=num_heads_v * slices,
                            summary_per_segment=2 * num_heads_v * slices, costs=costs,

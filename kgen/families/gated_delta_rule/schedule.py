@@ -48,36 +48,48 @@ def _segments_per_sequence(chunks: np.ndarray, segment_chunks: int) -> np.ndarra
 @dataclass(frozen=True)
 class RecurrenceCosts:
     """The planner's model of the recurrence kernels, in units of one chunk of one one-slice block alone on an
-    SM (the defaults are the H200's, fitted to forced splits of the benchmark's shapes with every summary run
-    in full: bench/NOTES.md, thirteenth session). ``wide_slices``: see :meth:`wide`."""
+    SM (the defaults are the H200's: bench/NOTES.md, thirteenth session for the chain and the split's overhead,
+    nineteenth for the blocks, fitted with every summary run in full)."""
 
     num_sms: int = DEFAULT_NUM_SMS
+    #: One-slice forward blocks an SM holds (registers: one at head dim 128, two at 64).
     blocks_per_sm: int = 2
-    #: A chunk's time when ``blocks_per_sm`` blocks share an SM, each.
+    #: Summary blocks an SM holds.
+    summary_blocks_per_sm: int = 2
+    #: A chunk's time, each, when two or more blocks share an SM.
     shared: float = 1.47
-    #: A summary block's time per chunk (no outputs), relative to a forward block's.
-    summary: float = 0.45
+    #: A summary block's time per chunk (no outputs), in the unit above. The model runs every summary in full:
+    #: the decay-bounded shortcut stops a summary early only where its head decays, which the host cannot know.
+    summary: float = 0.7
     #: A step of the chain of start states, in chunks.
     chain_step: float = 1.5
     #: What splitting adds besides: two more launches, and the summary's pipeline fill.
     split_overhead: float = 5.0
-    #: Value slices of the forward's wide block (1: it has none).
+    #: Value slices of the forward's wide block (1: it has none), and its chunk's time, alone on its SM
+    #: (3.55 us at 4 x 8k 16/32, against 2.17 us for a one-slice block's at 1 x 32k 16/64).
     wide_slices: int = 1
+    wide_chunk: float = 1.64
 
     def wide(self, blocks: int) -> bool:
         """Whether a forward of ``blocks`` one-slice blocks runs in wide blocks instead (a block per segment and
         v-head, one on an SM, loading each tile once for all its slices): where the one-slice blocks would share
-        SMs or wait for one. Measured on the H200 (bench/NOTES.md, eighteenth session): faster than one-slice
-        blocks that share SMs (3.7 against 4.1 us a chunk and SM at 4 x 8k 16/32), slower than one-slice blocks
-        alone on an SM (2.3 us)."""
+        SMs or wait for one."""
         return self.wide_slices > 1 and blocks > self.num_sms * self.blocks_per_sm
 
-    def phase(self, blocks: int, work: float, longest: int) -> float:
-        """Time of a launch of ``blocks`` blocks doing ``work`` block-chunks, the longest ``longest`` chunks."""
+    def phase(self, blocks: int, work: float, longest: int, blocks_per_sm: int) -> float:
+        """Time of a launch of ``blocks`` blocks doing ``work`` block-chunks, the longest ``longest`` chunks, with up
+        to ``blocks_per_sm`` blocks on an SM."""
         if blocks <= self.num_sms:
             return float(longest)
-        slots = self.num_sms * self.blocks_per_sm
-        return self.shared * max(longest * -(-blocks // slots), work / slots)
+        slots = self.num_sms * blocks_per_sm
+        return (self.shared if blocks_per_sm > 1 else 1.0) * max(longest * -(-blocks // slots), work / slots)
+
+    def forward(self, blocks: int, work: float, longest: int) -> float:
+        """Time of the forward over ``blocks`` one-slice blocks' worth of segments (:meth:`phase`'s arguments)."""
+        if not self.wide(blocks):
+            return self.phase(blocks, work, longest, self.blocks_per_sm)
+        wide_blocks = -(-blocks // self.wide_slices)
+        return self.wide_chunk * self.phase(wide_blocks, work / self.wide_slices, longest, 1)
 
 
 def estimated_time(chunks: np.ndarray, segment_chunks: int, *, parallel_per_segment: int,
@@ -85,14 +97,15 @@ def estimated_time(chunks: np.ndarray, segment_chunks: int, *, parallel_per_segm
     """The model's time of the recurrence with sequences of ``chunks`` split into ``segment_chunks``-chunk segments:
     the summaries of all but each sequence's last segment, their chain, then every segment forward."""
     pieces = _segments_per_sequence(chunks, segment_chunks)
-    forward = costs.phase(int(pieces.sum()) * parallel_per_segment, float(chunks.sum()) * parallel_per_segment,
-                          int(min(segment_chunks, chunks.max(initial=0))))
+    forward = costs.forward(int(pieces.sum()) * parallel_per_segment, float(chunks.sum()) * parallel_per_segment,
+                            int(min(segment_chunks, chunks.max(initial=0))))
     split = pieces > 1
     if not split.any():
         return forward
     summarised = (pieces[split] - 1) * segment_chunks  # the chunks of every segment but the last
     summary = costs.summary * costs.phase(int((pieces[split] - 1).sum()) * summary_per_segment,
-                                          float(summarised.sum()) * summary_per_segment, segment_chunks)
+                                          float(summarised.sum()) * summary_per_segment, segment_chunks,
+                                          costs.summary_blocks_per_sm)
     return costs.split_overhead + summary + costs.chain_step * float((pieces - 1).max()) + forward
 
 
