@@ -33,21 +33,22 @@ __device__ __forceinline__ bool plan_refused(const void* cu_seqlens, long long c
 }
 
 // The decay-bounded shortcut of a segment's summary: the last of the segment's `chunks` chunks (from chunk
-// first_chunk of the plan, whose summed gates gated_delta_rule_kkt wrote to chunk_log_decay, [chunk, v-head])
+// first_chunk of the plan; gated_delta_rule_kkt wrote each chunk's gate cumsum to gamma_log2, [chunk, v-head, token],
+// log2 units, the last token's being the chunk's sum)
 // from which head_v's gates to the segment's end sum below `negligible`, or -1 where there is none (always
 // when negligible is -inf). What the state before that chunk passes to the segment's end is then below fp32
 // rounding. Walked back from the end kThreads chunks a step, a chunk a thread; `scratch` holds 2 kThreads / 32
 // floats no one else uses yet. Every thread returns the same chunk (they read the same sums).
 template <int kThreads>
-__device__ __forceinline__ int negligible_since(const float* chunk_log_decay, int first_chunk, int chunks, int heads_v,
+__device__ __forceinline__ int negligible_since(const float* gamma_log2, int first_chunk, int chunks, int heads_v,
                                                  int head_v, float negligible, float* scratch) {
     constexpr int kWarps = kThreads / 32;
-    if (!(negligible > -inf()) || chunk_log_decay == nullptr) return -1;
+    if (!(negligible > -inf())) return -1;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float running = 0.f;  // the gates of the chunks after this step's
     for (int top = chunks; top > 0; top -= kThreads) {  // chunks [top - kThreads, top)
         const int chunk = top - kThreads + static_cast<int>(threadIdx.x);
-        float suffix = chunk >= 0 ? chunk_log_decay[static_cast<long long>(first_chunk + chunk) * heads_v + head_v] : 0.f;
+        float suffix = chunk >= 0 ? kLn2 * gamma_log2[(static_cast<long long>(first_chunk + chunk) * heads_v + head_v) * kChunk + kChunk - 1] : 0.f;
         // The sum from this chunk to the step's end: later chunks are higher lanes, then higher warps.
 #pragma unroll
         for (int offset = 1; offset < 32; offset *= 2) {
@@ -144,8 +145,8 @@ struct Recurrence {
     __device__ static __forceinline__ void run(const kgen::TmaDescriptor& map_q, const kgen::TmaDescriptor& map_k,
                                                const kgen::TmaDescriptor& map_v, const kgen::TmaDescriptor& map_tbeta,
                                                const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                                               const float* __restrict__ g, const T* __restrict__ tbeta,
-                                               const float* __restrict__ chunk_log_decay, const int* __restrict__ segments,
+                                               const T* __restrict__ tbeta, const float* __restrict__ gamma_log2,
+                                               const int* __restrict__ segments,
                                                const void* __restrict__ cu_seqlens, long long cu_seqlens_is_int64, const float* __restrict__ initial_state,
                                                const float* __restrict__ start_states, float* __restrict__ summary,
                                                T* __restrict__ out, float* __restrict__ final_state, long long num_heads,
@@ -187,7 +188,7 @@ struct Recurrence {
         // chunk, and h runs from that chunk on, from a zero state.
         bool negligible = false;
         if (kSummary) {
-            const int from = negligible_since<kThreads>(chunk_log_decay, first_chunk, chunks, heads_v, head_v,
+            const int from = negligible_since<kThreads>(gamma_log2, first_chunk, chunks, heads_v, head_v,
                                                         negligible_log_decay, smem.q_scale);
             negligible = from >= 0;
             const int skipped = negligible ? from : 0;
@@ -254,15 +255,11 @@ struct Recurrence {
                 kgen::cp_async_wait<0>();
             }
         };
-        auto load_gates = [&](int c, float (&gate)[2]) {
-            const int token = token_of(c);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int i = 2 * lane + e;
-                gate[e] = !kHasIncompleteTile || token + i < end_token ? g[static_cast<long long>(token + i) * heads_v + head_v] : 0.f;
-            }
+        // Chunk c's Gamma (log2 units) of tokens 2 lane and 2 lane + 1, one chunk ahead of its use.
+        auto load_gamma = [&](int c) {
+            return reinterpret_cast<const float2*>(gamma_log2 + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kChunk)[lane];
         };
-        float gate_next[2];
+        float2 gamma_next;
         if (chunks > 0) {  // an empty sequence's segment only passes its start state on
             if (is_full(0)) {
                 if (output_role) {
@@ -275,7 +272,7 @@ struct Recurrence {
             } else if (tail_loader) {
                 load_incomplete(0);
             }
-            load_gates(0, gate_next);
+            gamma_next = load_gamma(0);
         }
         // Accumulator rows 16 warp + lane / 4 (+ 8), columns 8 n + 2 (lane % 4) (+ 1), in any warpgroup.
         const int row = 16 * warp + lane / 4, fragment_column = 2 * (lane % 4);
@@ -292,13 +289,13 @@ struct Recurrence {
             for (int c = 0; c < chunks; ++c) {
                 const bool next_full = c + 1 < chunks && is_full(c + 1);
                 const int token = first_token + c * kChunk, valid = end_token - token;
-                const float gate[2] = {gate_next[0], gate_next[1]};
+                const float2 gamma = gamma_next;  // log2 units
                 wait_chunk(c, true);
                 if (!is_full(c)) {  // this warpgroup loaded it by cp.async, for all
                     kgen::fence_proxy_async_shared();
                     __syncthreads();
                 }
-                if (c + 1 < chunks) load_gates(c + 1, gate_next);
+                if (c + 1 < chunks) gamma_next = load_gamma(c + 1);
                 float q_scale[2] = {1.f, 1.f};
                 if (use_qk_l2norm) {
                     inverse_row_norms<kHeadDim>(smem.q, smem.q_scale, thread);
@@ -307,7 +304,6 @@ struct Recurrence {
 #pragma unroll
                     for (int half = 0; half < 2; ++half) q_scale[half] = smem.q_scale[row + 8 * half];
                 }
-                const float2 gamma = gate_cumsum(kgen::kLog2e * gate[0], kgen::kLog2e * gate[1], lane);  // log2 domain
                 const float gamma_row[2] = {gamma_of(gamma, row), gamma_of(gamma, row + 8)};
                 const unsigned k_tile = kgen::smem_addr(smem.k[c % 2]);
                 float p[kChunk / 8][4];
@@ -423,7 +419,7 @@ struct Recurrence {
         // Accumulator column j of these products is token j of the chunk.
         for (int c = 0; c < chunks; ++c) {
             const bool next_full = c + 1 < chunks && is_full(c + 1);
-            const float gate[2] = {gate_next[0], gate_next[1]};
+            const float2 gamma = gamma_next;  // log2 units
             if (kStates) {  // S^T before this chunk, 16-bit, as the backward reads it
                 store_rows<T, kHeadDim>(out + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim,
                                         s, value0 + row, fragment_column);
@@ -452,14 +448,13 @@ struct Recurrence {
             }
             kgen::wgmma_commit();
 
-            if (c + 1 < chunks) load_gates(c + 1, gate_next);
+            if (c + 1 < chunks) gamma_next = load_gamma(c + 1);
             // In-kernel l2norm: rows of k scale the products instead of being rounded normalised.
             if (use_qk_l2norm) {
                 inverse_row_norms<kHeadDim>(smem.k[c % 2], smem.k_scale, thread + group * kThreads);  // the first's
                 kgen::named_barrier_sync(kStateBarrier, kStateThreads);
             }
-            // This warp's factors of tokens 2 lane and 2 lane + 1 (log2 domain), for every lane to read its columns'.
-            const float2 gamma = gate_cumsum(kgen::kLog2e * gate[0], kgen::kLog2e * gate[1], lane);
+            // This warp's factors of tokens 2 lane and 2 lane + 1, for every lane to read its columns'.
             const float gamma_last = __shfl_sync(0xffffffffu, gamma.y, 31);
             float2* const token_factors = smem.token_factors[group * (kThreads / 32) + warp];
 #pragma unroll

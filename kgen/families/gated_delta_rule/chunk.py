@@ -222,15 +222,15 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
     if max(num_chunks, 1) * heads_v * chunk > INT32_LIMIT:
         raise ValueError(f"q: {num_chunks} chunks x {heads_v} v-heads exceed the kernels' 32-bit row indices")
     tbeta = torch.empty((max(num_chunks, 1), heads_v, chunk, chunk), device=device, dtype=q.dtype)
-    # Each chunk's summed gates, from the KKT kernel, for the summaries' decay-bounded shortcut.
+    # Each chunk's gate cumsum (log2 units), from the KKT kernel: the recurrence's gates, and their sums the
+    # summaries' decay-bounded shortcut.
+    gamma_log2 = torch.empty((max(num_chunks, 1), heads_v, chunk), device=device, dtype=torch.float32)
     shortcut = plan.num_summaries > 0 and not plan.exact_split
-    chunk_log_decay = torch.empty((num_chunks, heads_v), device=device, dtype=torch.float32) if shortcut else None
-    decay_sums = 0 if chunk_log_decay is None else chunk_log_decay.data_ptr()
     l2norm = int(use_qk_l2norm_in_kernel)
     if num_chunks:
         kernels.kkt.launch((num_chunks, heads), k=k.data_ptr(), g=g.data_ptr(), beta=beta.data_ptr(),
                     beta_is_fp32=int(beta.dtype is torch.float32), chunks=chunks.data_ptr(), tbeta=tbeta.data_ptr(),
-                    chunk_log_decay=decay_sums, num_heads=heads, num_heads_v=heads_v, use_qk_l2norm=l2norm)
+                    gamma_log2=gamma_log2.data_ptr(), num_heads=heads, num_heads_v=heads_v, use_qk_l2norm=l2norm)
     initial = 0 if initial_state is None else initial_state.data_ptr()
     # Tokens by heads by features for TMA (B x T flattened); Tbeta as rows of a chunk. With no tokens at
     # all no tile is ever loaded, and the parameters take Tbeta's descriptor (an empty tensor has none).
@@ -246,7 +246,7 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
     forward = {
         "map_q": maps.get("q", tiled[0]), "map_k": maps.get("k", tiled[1]), "map_v": maps.get("v", tiled[2]),
         "map_tbeta": maps.get("t", tiled[3]), "q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(),
-        "g": g.data_ptr(), "tbeta": tbeta.data_ptr(), "chunk_log_decay": decay_sums, "segments": segments.data_ptr(),
+        "tbeta": tbeta.data_ptr(), "gamma_log2": gamma_log2.data_ptr(), "segments": segments.data_ptr(),
         "cu_seqlens": 0 if cu_seqlens is None else cu_seqlens.data_ptr(),
         "cu_seqlens_is_int64": int(cu_seqlens is not None and cu_seqlens.dtype is torch.int64), "initial_state": initial,
         "start_states": 0 if starts is None else starts.data_ptr(), "summary": 0, "out": out.data_ptr(),

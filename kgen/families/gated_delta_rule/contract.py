@@ -23,7 +23,7 @@ def _gated_delta_rule_step(params: Mapping[str, Any]) -> LaunchContract:
 
 _GDN_KKT_PARAMETERS = parameters(
     "const T* k, const float* g, const void* beta, long long beta_is_fp32, const int* chunks, T* tbeta, "
-    "float* chunk_log_decay, long long num_heads, long long num_heads_v, long long use_qk_l2norm")
+    "float* gamma_log2, long long num_heads, long long num_heads_v, long long use_qk_l2norm")
 
 
 def _gated_delta_rule_kkt(params: Mapping[str, Any]) -> LaunchContract:
@@ -34,7 +34,7 @@ def _gated_delta_rule_kkt(params: Mapping[str, Any]) -> LaunchContract:
 
 _GDN_RECURRENCE_PARAMETERS = parameters(
     "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, kgen::TmaDescriptor map_tbeta, "
-    "const T* q, const T* k, const T* v, const float* g, const T* tbeta, const float* chunk_log_decay, const int* segments, "
+    "const T* q, const T* k, const T* v, const T* tbeta, const float* gamma_log2, const int* segments, "
     "const void* cu_seqlens, long long cu_seqlens_is_int64, const float* initial_state, const float* start_states, float* summary, T* out, float* final_state, "
     "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm, float negligible_log_decay")
 _GDN_REVERSE_PARAMETERS = parameters(
