@@ -1,8 +1,8 @@
 // The chunked gated delta rule's state recurrence over one segment, chunk after chunk: the body of
 // gated_delta_rule_chunk and gated_delta_rule_chunk_summary (chunk.cu.j2 says what it computes).
 //
-// Config: T, kHeadDim (K = V), kSliceV (value columns per block), kThreads (a warpgroup's: the output kernel
-// runs two), kHasIncompleteTile and kKeyMajor (states [K, V], else [V, K]); chunk.cu.j2 defines it.
+// Config: T, kHeadDim (K = V), kSliceV (value columns per state warpgroup), kThreads (a warpgroup's; the output
+// kernels run more), kHasIncompleteTile and kKeyMajor (states [K, V], else [V, K]); chunk.cu.j2 defines it.
 // Needs common/ numeric, smem, swizzle, mma, cp_async, tma, warp_roles and wgmma (widths kSliceV, 64
 // and kHeadDim); gated_delta_rule/tiles.cuh.
 namespace kgen {
@@ -226,8 +226,8 @@ struct Recurrence {
             }
         };
         // Every tile of an incomplete chunk by cp.async, rows past the sequence zero-filled, from the warpgroup
-        // that loads them (the output's where there is one, which has registers to spare, once it is past the
-        // chunk before's second barrier; the tiles the state reads are free by then).
+        // that loads them (the output's where there is one, which has registers to spare, once it has read the
+        // chunk before's Vn; the buffers the state reads next are free by then).
         const bool tail_loader = kOutput ? output_role : true;
         auto load_incomplete = [&](int c) {
             const int token = token_of(c), valid = end_token - token;
@@ -368,8 +368,8 @@ struct Recurrence {
                         *reinterpret_cast<unsigned*>(o + 8 * n) = kgen::pack2<T>(scale * qs[n][2 * half], scale * qs[n][2 * half + 1]);
                     }
                 }
-                // Past kVnReady the state warpgroups read no tile of this chunk but K, and the next chunk's K
-                // buffer was last read by the chunk before.
+                // Q is read; the next chunk's K, V and Tbeta buffers were last read by the chunk before, which the
+                // state warpgroups finished before kVnReady.
                 if (c + 1 < chunks && !next_full) load_incomplete(c + 1);
             }
             return;
