@@ -66,7 +66,8 @@ class RecurrenceCosts:
     #: What splitting adds besides: two more launches, and the summary's pipeline fill.
     split_overhead: float = 5.0
     #: Value slices of the forward's wide block (1: it has none), and its chunk's time, alone on its SM
-    #: (3.55 us at 4 x 8k 16/32, against 2.17 us for a one-slice block's at 1 x 32k 16/64).
+    #: (3.55 us at 4 x 8k 16/32, against 2.17 us for a one-slice block's at 1 x 32k 16/64, at 1f16fb6; 3.1 and
+    #: 1.87 us, the same ratio, once the gates came from the KKT kernel).
     wide_slices: int = 1
     wide_chunk: float = 1.64
 
