@@ -149,6 +149,7 @@ struct Recurrence {
                                                const int* __restrict__ segments,
                                                const void* __restrict__ cu_seqlens, long long cu_seqlens_is_int64, const float* __restrict__ initial_state,
                                                const float* __restrict__ start_states, float* __restrict__ summary,
+                                               int* __restrict__ negligible_summaries,
                                                T* __restrict__ out, float* __restrict__ final_state, long long num_heads,
                                                long long num_heads_v, float scale, long long use_qk_l2norm,
                                                float negligible_log_decay) {
@@ -194,6 +195,10 @@ struct Recurrence {
             const int skipped = negligible ? from : 0;
             first_token += skipped * kChunk, first_chunk += skipped, chunks -= skipped;
             if (negligible && transition) chunks = 0;
+            // The chain skips a negligible M (all zeros) instead of reading it: one flag per summary, from its first block.
+            if (blockIdx.x == 0 && threadIdx.x == 0) {
+                negligible_summaries[static_cast<long long>(segment[kSummarySlot]) * heads_v + head_v] = negligible;
+            }
         }
         auto token_of = [&](int c) { return first_token + c * kChunk; };
         // Only a segment's last chunk can be incomplete, so a full chunk's loads are its barriers'

@@ -105,13 +105,20 @@ __device__ __forceinline__ void scale_accumulators(float (&c)[kTiles][4], float 
 // rows from `valid` on are zero-filled and never read: a chunk never reads the next sequence's rows.
 template <int kCols, int kThreads, bool kIncompleteTile, class E>
 __device__ __forceinline__ void load_tile(E* tile, const E* src, long long stride, int valid, int thread) {
-    constexpr int kChunks = kChunk * kCols / 8;
-    static_assert(kChunks % kThreads == 0, "whole chunks per thread");
+    constexpr int kPiecesPerRow = kCols / 8;
+    constexpr int kRowsPerStep = kThreads / kPiecesPerRow;
+    // A thread keeps its column, and its rows step by a whole number of the swizzle's 8-row repeats, so
+    // each step's addresses are the first step's plus constants.
+    static_assert(kThreads % kPiecesPerRow == 0 && kRowsPerStep % 8 == 0 && kChunk % kRowsPerStep == 0,
+                  "load_tile: each thread's rows a multiple of 8 apart");
+    const int row0 = thread / kPiecesPerRow, col = (thread % kPiecesPerRow) * 8;
+    const unsigned first = smem_addr(tile + swizzled<kCols>(row0, col));
+    const E* const from = src + row0 * stride + col;
 #pragma unroll
-    for (int i = thread; i < kChunks; i += kThreads) {
-        const int row = i / (kCols / 8), col = (i % (kCols / 8)) * 8;
-        const bool inside = !kIncompleteTile || row < valid;
-        cp_async_16_zfill(smem_addr(tile + swizzled<kCols>(row, col)), src + (inside ? row * stride + col : 0), inside);
+    for (int step = 0; step < kChunk / kRowsPerStep; ++step) {
+        const bool inside = !kIncompleteTile || row0 + step * kRowsPerStep < valid;
+        cp_async_16_zfill(first + swizzled<kCols>(step * kRowsPerStep, 0) * static_cast<int>(sizeof(E)),
+                          inside ? from + step * kRowsPerStep * stride : src, inside);
     }
 }
 

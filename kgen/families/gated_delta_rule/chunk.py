@@ -32,15 +32,32 @@ from kgen.families.gated_delta_rule.planner import (CHUNK_FAMILY, NEGLIGIBLE_LOG
 from kgen.launch import KernelLauncher, current_device
 from kgen.runtime import tma
 from kgen.runtime.checks import INT32_LIMIT, check_bool, check_dense_rows, check_scale, check_shape, check_tensor
-from kgen.runtime.device import GRID_YZ_LIMIT
+from kgen.runtime.device import GRID_YZ_LIMIT, sm_count
 from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, incomplete_tile_pair, launcher
 
 KKT_FAMILY = "gated_delta_rule_kkt"
+#: Chunks per block the KKT kernel may take: a block loads its next chunk's K during a chunk's solve.
+KKT_CHUNKS_PER_BLOCK = (1, 2, 4, 8)
+#: A chunk's time in such a block, against a one-chunk block's (seed 000's L=1024 batch: 344 against 364 us over
+#: as many waves' worth of chunks, bench/NOTES.md, twentieth session).
+KKT_PIPELINED_CHUNK = 0.93
+
+
+def kkt_chunks_per_block(num_chunks: int, heads: int, blocks_per_sm: int, num_sms: int) -> int:
+    """Chunks per block of the KKT kernel over ``num_chunks`` chunks of ``heads`` q/k heads: the fastest of
+    KKT_CHUNKS_PER_BLOCK by whole waves of ``blocks_per_sm`` blocks an SM (the fewest chunks a block on a tie)."""
+    slots = num_sms * blocks_per_sm
+    def waves_time(per_block: int) -> float:
+        waves = -(-(-(-num_chunks // per_block) * heads) // slots)
+        return waves * per_block * (1.0 if per_block == 1 else KKT_PIPELINED_CHUNK)
+    return min(KKT_CHUNKS_PER_BLOCK, key=waves_time)
 
 
 @dataclass(frozen=True)
 class _Kernels:
     kkt: KernelLauncher
+    #: The KKT kernel's resident blocks an SM (its variant's min_blocks_per_sm).
+    kkt_blocks_per_sm: int
     recurrence: KernelLauncher
     summary: KernelLauncher
     chain: KernelLauncher
@@ -80,7 +97,7 @@ def _kernels_for(device_index: int, head_dim: int, dtype: torch.dtype, state_lay
                          f"({recurrence.name}) and {contract(kkt).sizes['chunk']} ({kkt.name}): plan again")
     boxes = {role: chunk for role in "qkvt"}  # a chunk's tokens of one head, in spans of box_span_bytes
     return _kernels.put(key, _Kernels(
-        kkt=launcher(kkt, "gated_delta_rule_kkt", device_index),
+        kkt=launcher(kkt, "gated_delta_rule_kkt", device_index), kkt_blocks_per_sm=kkt.param_dict["min_blocks_per_sm"],
         recurrence=launcher(recurrence, "gated_delta_rule_chunk", device_index),
         summary=launcher(recurrence, "gated_delta_rule_chunk_summary", device_index),
         chain=launcher(recurrence, "gated_delta_rule_chunk_chain", device_index),
@@ -228,8 +245,10 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
     shortcut = plan.num_summaries > 0 and not plan.exact_split
     l2norm = int(use_qk_l2norm_in_kernel)
     if num_chunks:
-        kernels.kkt.launch((num_chunks, heads), k=k.data_ptr(), g=g.data_ptr(), beta=beta.data_ptr(),
-                    beta_is_fp32=int(beta.dtype is torch.float32), chunks=chunks.data_ptr(), tbeta=tbeta.data_ptr(),
+        per_block = kkt_chunks_per_block(num_chunks, heads, kernels.kkt_blocks_per_sm, sm_count(device))
+        kernels.kkt.launch((-(-num_chunks // per_block), heads), k=k.data_ptr(), g=g.data_ptr(), beta=beta.data_ptr(),
+                    beta_is_fp32=int(beta.dtype is torch.float32), chunks=chunks.data_ptr(), num_chunks=num_chunks,
+                    chunks_per_block=per_block, tbeta=tbeta.data_ptr(),
                     gamma_log2=gamma_log2.data_ptr(), num_heads=heads, num_heads_v=heads_v, use_qk_l2norm=l2norm)
     initial = 0 if initial_state is None else initial_state.data_ptr()
     # Tokens by heads by features for TMA (B x T flattened); Tbeta as rows of a chunk. With no tokens at
@@ -239,17 +258,19 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
              if num_chunks else (tbeta_rows,) * 4)
     maps = _descriptors.get((device.index, q.dtype, chunk) + tuple((tuple(t.shape), tuple(t.stride())) for t in tiled),
                             kernels.new_maps)
-    summaries = starts = None
+    summaries = starts = negligible = None
     if plan.num_summaries:
         summaries = torch.empty((plan.num_summaries, heads_v, head_dim, 2 * head_dim), device=device, dtype=torch.float32)
         starts = torch.empty((plan.num_summaries, heads_v, head_dim, head_dim), device=device, dtype=torch.float32)
+        negligible = torch.empty((plan.num_summaries, heads_v), device=device, dtype=torch.int32)
     forward = {
         "map_q": maps.get("q", tiled[0]), "map_k": maps.get("k", tiled[1]), "map_v": maps.get("v", tiled[2]),
         "map_tbeta": maps.get("t", tiled[3]), "q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(),
         "tbeta": tbeta.data_ptr(), "gamma_log2": gamma_log2.data_ptr(), "segments": segments.data_ptr(),
         "cu_seqlens": 0 if cu_seqlens is None else cu_seqlens.data_ptr(),
         "cu_seqlens_is_int64": int(cu_seqlens is not None and cu_seqlens.dtype is torch.int64), "initial_state": initial,
-        "start_states": 0 if starts is None else starts.data_ptr(), "summary": 0, "out": out.data_ptr(),
+        "start_states": 0 if starts is None else starts.data_ptr(), "summary": 0, "negligible_summaries": 0,
+        "out": out.data_ptr(),
         "final_state": 0 if final is None else final.data_ptr(), "num_heads": heads, "num_heads_v": heads_v,
         "scale": np.float32(scale), "use_qk_l2norm": l2norm,
         "negligible_log_decay": np.float32(NEGLIGIBLE_LOG_DECAY if shortcut else -np.inf)}
@@ -257,8 +278,10 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
         # The summary takes the forward's parameters, with its own segments and its summaries as the only output.
         kernels.summary.launch((2 * head_dim // slice_v, heads_v, len(plan.summary_segments)),
                                **{**forward, "segments": summary_segments.data_ptr(), "initial_state": 0,
-                                  "start_states": 0, "summary": summaries.data_ptr(), "out": 0, "final_state": 0})
+                                  "start_states": 0, "summary": summaries.data_ptr(),
+                                  "negligible_summaries": negligible.data_ptr(), "out": 0, "final_state": 0})
         kernels.chain.launch((head_dim // kernels.chain_columns, heads_v, len(plan.chains)), summary=summaries.data_ptr(),
+                      negligible_summaries=negligible.data_ptr(),
                       initial_state=initial, start_states=starts.data_ptr(), chains=chains.data_ptr(),
                       num_heads_v=heads_v)
     if states:

@@ -22,12 +22,13 @@ def _gated_delta_rule_step(params: Mapping[str, Any]) -> LaunchContract:
 
 
 _GDN_KKT_PARAMETERS = parameters(
-    "const T* k, const float* g, const void* beta, long long beta_is_fp32, const int* chunks, T* tbeta, "
-    "float* gamma_log2, long long num_heads, long long num_heads_v, long long use_qk_l2norm")
+    "const T* k, const float* g, const void* beta, long long beta_is_fp32, const int* chunks, long long num_chunks, "
+    "long long chunks_per_block, T* tbeta, float* gamma_log2, long long num_heads, long long num_heads_v, "
+    "long long use_qk_l2norm")
 
 
 def _gated_delta_rule_kkt(params: Mapping[str, Any]) -> LaunchContract:
-    # A block per (chunk, q/k head); static shared memory only.
+    # A block per chunks_per_block chunks of a q/k head; static shared memory only.
     return LaunchContract(threads=params["num_warps"] * 32, dynamic_smem_bytes=0, sizes={"chunk": params["tile_m"]},
                         parameters={"gated_delta_rule_kkt": _GDN_KKT_PARAMETERS})
 
@@ -35,7 +36,7 @@ def _gated_delta_rule_kkt(params: Mapping[str, Any]) -> LaunchContract:
 _GDN_RECURRENCE_PARAMETERS = parameters(
     "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, kgen::TmaDescriptor map_tbeta, "
     "const T* q, const T* k, const T* v, const T* tbeta, const float* gamma_log2, const int* segments, "
-    "const void* cu_seqlens, long long cu_seqlens_is_int64, const float* initial_state, const float* start_states, float* summary, T* out, float* final_state, "
+    "const void* cu_seqlens, long long cu_seqlens_is_int64, const float* initial_state, const float* start_states, float* summary, int* negligible_summaries, T* out, float* final_state, "
     "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm, float negligible_log_decay")
 _GDN_REVERSE_PARAMETERS = parameters(
     "const T* q, const T* k, const float* g, const T* tbeta, const T* d_out, const float* d_final_state, "
@@ -125,7 +126,8 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
                     "gated_delta_rule_chunk_reverse": _GDN_REVERSE_PARAMETERS,
                     "gated_delta_rule_chunk_grads": _GDN_GRADS_PARAMETERS,
                     "gated_delta_rule_chunk_chain": parameters(
-                        "const float* summary, const float* initial_state, float* start_states, const int* chains, "
+                        "const float* summary, const int* negligible_summaries, const float* initial_state, "
+                        "float* start_states, const int* chains, "
                         "long long num_heads_v")},
         entry_shapes={"gated_delta_rule_chunk": (wide_threads, wide_smem),
                       "gated_delta_rule_chunk_slice": (slice_threads, smem_bytes),
