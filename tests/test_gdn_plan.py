@@ -25,8 +25,8 @@ def model_chunks(seqlens, chunk):
     return [(s, c) for s, n in enumerate(seqlens) for c in range(-(-n // chunk))]
 
 
-def model_time(counts, length, parallel, summary_blocks, costs):
-    """The planner's cost model, restated one sequence at a time."""
+def model_time(counts, length, parallel, summary_blocks, costs, cut_short):
+    """The planner's cost model, restated one sequence at a time; ``cut_short``: each summary runs one chunk."""
     def phase(blocks, work, longest, per_sm):
         if blocks <= costs.num_sms:
             return longest
@@ -39,21 +39,24 @@ def model_time(counts, length, parallel, summary_blocks, costs):
                                            longest, 1)
     else:
         forward = phase(blocks, sum(counts) * parallel, longest, costs.blocks_per_sm)
+    forward += costs.fixed * (sum(counts) * parallel)
     if all(n <= 1 for n in pieces):
         return forward
     summary_blocks_total = sum(n - 1 for n in pieces if n > 1) * summary_blocks
-    summarised = sum((n - 1) * length for n in pieces if n > 1)
-    return (costs.split_overhead + costs.summary * phase(summary_blocks_total, summarised * summary_blocks, length,
-                                                         costs.summary_blocks_per_sm)
+    summary_chunks = 1 if cut_short else length
+    return (costs.split_overhead + costs.summary * phase(summary_blocks_total, summary_blocks_total * summary_chunks,
+                                                         summary_chunks, costs.summary_blocks_per_sm)
             + costs.chain_step * max(n - 1 for n in pieces) + forward)
 
 
 @settings(max_examples=200, deadline=None)
 @given(seqlens=lengths, chunk=st.sampled_from([16, 64]), parallel=st.integers(1, 64), sms=st.integers(1, 200),
        split=st.booleans(), min_chunks=st.integers(1, 16), wide_slices=st.sampled_from([1, 2]),
-       blocks_per_sm=st.sampled_from([1, 2]))
-def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, sms, split, min_chunks, wide_slices, blocks_per_sm):
-    costs = RecurrenceCosts(num_sms=sms, wide_slices=wide_slices, blocks_per_sm=blocks_per_sm) if split else None
+       blocks_per_sm=st.sampled_from([1, 2]), shortcut=st.booleans())
+def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, sms, split, min_chunks, wide_slices, blocks_per_sm,
+                                             shortcut):
+    costs = (RecurrenceCosts(num_sms=sms, wide_slices=wide_slices, blocks_per_sm=blocks_per_sm, shortcut=shortcut)
+             if split else None)
     plan = plan_chunks(seqlens, chunk=chunk, parallel_per_segment=parallel, costs=costs,
                        min_segment_chunks=min_chunks)
     assert [tuple(x) for x in plan.chunk_indices.tolist()] == model_chunks(seqlens, chunk)
@@ -76,15 +79,17 @@ def test_chunks_and_segments_match_the_model(seqlens, chunk, parallel, sms, spli
     sizes = plan.segments[:, 2].tolist()
     assert sizes == sorted(sizes, reverse=True)
 
-    # The segment length: the fastest in the model among the even splits of the longest sequence.
+    # The segment length: among the even splits of the longest sequence, the nearest the model's fastest with
+    # summaries in full and (with the shortcut) with summaries cut short: the smallest worse ratio.
     longest = max(counts, default=0)
     if costs is None or longest <= min_chunks:
         assert seg == max(longest, 1)
     else:
         candidates = sorted({math.ceil(longest / k) for k in range(1, longest // min_chunks + 1)}, reverse=True)
-        times = [model_time(counts, n, parallel, 2 * parallel, costs) for n in candidates]
-        best = min(times)
-        assert seg == next(n for n, t in zip(candidates, times) if t == best)
+        full = [model_time(counts, n, parallel, 2 * parallel, costs, False) for n in candidates]
+        cut = [model_time(counts, n, parallel, 2 * parallel, costs, shortcut) for n in candidates]
+        regret = [max(f / min(full), c / min(cut)) for f, c in zip(full, cut)]
+        assert seg == next(n for n, r in zip(candidates, regret) if r == min(regret))
     # The forward's kernel: wide blocks where one-slice blocks would share SMs or wait for one.
     blocks = sum(math.ceil(c / seg) for c in counts) * parallel
     assert plan.wide is (split and wide_slices > 1 and blocks > sms * costs.blocks_per_sm)

@@ -178,7 +178,7 @@ def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int =
     # The summary covers K + V = 2 K columns.
     costs = RecurrenceCosts(num_sms=num_sms, blocks_per_sm=recurrence.blocks_per_sm,
                             summary_blocks_per_sm=recurrence.summary_blocks_per_sm,
-                            wide_slices=recurrence.wide_value_width // recurrence.value_slice)
+                            wide_slices=recurrence.wide_value_width // recurrence.value_slice, shortcut=not exact_split)
     schedule = plan_chunks(seqlens, chunk=recurrence.chunk, parallel_per_segment=num_heads_v * slices,
                            summary_per_segment=2 * num_heads_v * slices, costs=costs,
                            segment_chunks=segment_chunks, max_segments=GRID_YZ_LIMIT - empty)

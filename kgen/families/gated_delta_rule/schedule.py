@@ -7,7 +7,8 @@ run side by side from a zero state; each segment's initial state is then correct
 the transitions of the segments before it (the kernels' job). A split costs a summary pass over
 the split segments, so the planner splits only where a model of the kernels' time
 (:class:`RecurrenceCosts`) says it pays. Plans are built from host data only, so a run never
-synchronises with the device. :mod:`kgen.families.gated_delta_rule.planner` turns a schedule into
+synchronises with the device; the gates are not host data, so the model prices a split both ways the summaries
+can go (:func:`choose_segment_chunks`). :mod:`kgen.families.gated_delta_rule.planner` turns a schedule into
 the kernels' tables.
 """
 
@@ -63,8 +64,15 @@ class RecurrenceCosts:
     summary: float = 0.7
     #: A step of the chain of start states, in chunks.
     chain_step: float = 1.5
-    #: What splitting adds besides: two more launches, and the summary's pipeline fill.
-    split_overhead: float = 5.0
+    #: What splitting adds besides: two more launches, each block's start and drain, and the summary's pipeline
+    #: fill (1 x 2k 32/32, two one-slice segments against one: 84 against 94 us under strong gates, twentieth
+    #: session).
+    split_overhead: float = 12.0
+    #: Whether the summaries take the decay-bounded shortcut (the plan's exact_split: not).
+    shortcut: bool = True
+    #: The kernels every plan runs (the KKT solve: 12.5 ns a chunk and v-head), per one-slice block-chunk: what a
+    #: plan's share of the whole op's time is measured against.
+    fixed: float = 0.0033
     #: Value slices of the forward's wide block (1: it has none), and its chunk's time, alone on its SM
     #: (3.55 us at 4 x 8k 16/32, against 2.17 us for a one-slice block's at 1 x 32k 16/64, at 1f16fb6; 3.1 and
     #: 1.87 us, the same ratio, once the gates came from the KKT kernel).
@@ -94,36 +102,48 @@ class RecurrenceCosts:
 
 
 def estimated_time(chunks: np.ndarray, segment_chunks: int, *, parallel_per_segment: int,
-                   summary_per_segment: int, costs: RecurrenceCosts) -> float:
-    """The model's time of the recurrence with sequences of ``chunks`` split into ``segment_chunks``-chunk segments:
-    the summaries of all but each sequence's last segment, their chain, then every segment forward."""
+                   summary_per_segment: int, costs: RecurrenceCosts, summaries_cut_short: bool = False) -> float:
+    """The model's time of the op with sequences of ``chunks`` split into ``segment_chunks``-chunk segments: the
+    fixed kernels, the summaries of all but each sequence's last segment, their chain, then every segment forward.
+    Each summary runs all its segment's chunks, or, ``summaries_cut_short``, one (the decay-bounded shortcut where
+    every head decays)."""
     pieces = _segments_per_sequence(chunks, segment_chunks)
-    forward = costs.forward(int(pieces.sum()) * parallel_per_segment, float(chunks.sum()) * parallel_per_segment,
-                            int(min(segment_chunks, chunks.max(initial=0))))
+    work = float(chunks.sum()) * parallel_per_segment
+    forward = costs.fixed * work + costs.forward(int(pieces.sum()) * parallel_per_segment, work,
+                                                 int(min(segment_chunks, chunks.max(initial=0))))
     split = pieces > 1
     if not split.any():
         return forward
-    summarised = (pieces[split] - 1) * segment_chunks  # the chunks of every segment but the last
-    summary = costs.summary * costs.phase(int((pieces[split] - 1).sum()) * summary_per_segment,
-                                          float(summarised.sum()) * summary_per_segment, segment_chunks,
+    summary_chunks = 1 if summaries_cut_short else segment_chunks
+    summary_blocks = int((pieces[split] - 1).sum()) * summary_per_segment  # every segment's but the last
+    summary = costs.summary * costs.phase(summary_blocks, float(summary_blocks * summary_chunks), summary_chunks,
                                           costs.summary_blocks_per_sm)
     return costs.split_overhead + summary + costs.chain_step * float((pieces - 1).max()) + forward
 
 
 def choose_segment_chunks(chunks: np.ndarray, *, parallel_per_segment: int, summary_per_segment: int,
                           costs: RecurrenceCosts | None, min_segment_chunks: int, max_segments: int | None = None) -> int:
-    """The segment length (in chunks) the cost model finds fastest, among those that split the longest
-    sequence evenly, are at least ``min_segment_chunks`` and make at most ``max_segments`` segments; on a
-    tie the longer (fewer segments). ``costs`` None never splits."""
+    """The segment length (in chunks), among those that split the longest sequence evenly, are at least
+    ``min_segment_chunks`` and make at most ``max_segments`` segments, whose modelled time is nearest the best
+    under both extremes of the gates: every summary run in full (heads that barely decay), and every summary cut
+    short (heads that all decay; none is where ``costs.shortcut`` is off). Its worse ratio to each extreme's fastest is the smallest; on a tie the longer
+    (fewer segments). ``costs`` None never splits.
+
+    Minimising either extreme alone loses to the other: at 1 x 32k 16/32, two one-slice segments are the fastest
+    with summaries in full (1014 us, four wide segments 1057) and 11% slower under strong gates (696 against 628)
+    and 21% under FlashQLA's (1015 against 841; bench/NOTES.md, twentieth session)."""
     longest = int(chunks.max(initial=0))
     if costs is None or longest <= min_segment_chunks:
         return max(longest, 1)
     candidates = sorted({-(-longest // k) for k in range(1, longest // min_segment_chunks + 1)}, reverse=True)
     if max_segments is not None:  # the unsplit length always stays a candidate
         candidates = [n for n in candidates if n == longest or int(_segments_per_sequence(chunks, n).sum()) <= max_segments]
-    times = [estimated_time(chunks, n, parallel_per_segment=parallel_per_segment,
-                            summary_per_segment=summary_per_segment, costs=costs) for n in candidates]
-    return candidates[int(np.argmin(times))]  # argmin takes the first, the longest, of equal times
+    full, cut = (np.array([estimated_time(chunks, n, parallel_per_segment=parallel_per_segment,
+                                          summary_per_segment=summary_per_segment, costs=costs,
+                                          summaries_cut_short=cut_short) for n in candidates])
+                 for cut_short in (False, costs.shortcut))
+    regret = np.maximum(full / full.min(), cut / cut.min())
+    return candidates[int(np.argmin(regret))]  # argmin takes the first, the longest, of equal regrets
 
 
 def plan_chunks(seqlens: Sequence[int], *, chunk: int, parallel_per_segment: int = 1,
