@@ -4,11 +4,15 @@ Packed varlen batches with lengths over every residue mod 64 (1..3000), a neighb
 poisoned with NaN and Inf (no other sequence may see it), GVA ratios, initial states on and off,
 both state layouts, both dtypes, beta in fp32 or q's dtype, in-kernel l2norm on and off, and
 gates g = -a softplus(0.5 x + 1) with a in [0, 16], one head at a = 0 and one at a = 16. Plans
-that split sequences into segments are checked against the same reference. Outputs are poisoned
-first; the bar is the issue's relative RMS <= 5e-3 for o and for the final states.
+that split sequences into segments are checked against the same reference, and so are KKT blocks of several
+chunks (which may belong to different sequences). Outputs are poisoned first; the bar is the issue's relative
+RMS <= 5e-3 for o and for the final states.
 """
 
 from __future__ import annotations
+
+import contextlib
+from unittest import mock
 
 import pytest
 import torch
@@ -22,6 +26,7 @@ pytestmark = [
 
 import gdn_reference as ref  # noqa: E402
 from kgen import registry  # noqa: E402
+from kgen.families.gated_delta_rule import chunk as gdn_chunk  # noqa: E402
 from kgen.ops import chunk_gated_delta_rule, plan_chunk_gated_delta_rule  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -54,8 +59,15 @@ def make_inputs(lengths, heads, group, head_dim, dtype, l2norm, beta_fp32, seed,
     return q, k, v, g, beta
 
 
+def kkt_chunks_forced(chunks_per_block):
+    """The KKT kernel's blocks take ``chunks_per_block`` chunks each (None: the host's choice)."""
+    if chunks_per_block is None:
+        return contextlib.nullcontext()
+    return mock.patch.object(gdn_chunk, "kkt_chunks_per_block", lambda *_: chunks_per_block)
+
+
 def check_against_reference(lengths, heads, group, head_dim, dtype, layout, l2norm, beta_fp32, with_initial, seed,
-                            segment_chunks=None, poisoned=None, num_sms=None):
+                            segment_chunks=None, poisoned=None, num_sms=None, kkt_chunks=None):
     q, k, v, g, beta = make_inputs(lengths, heads, group, head_dim, dtype, l2norm, beta_fp32, seed, poisoned)
     heads_v = heads * group
     cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
@@ -67,8 +79,10 @@ def check_against_reference(lengths, heads, group, head_dim, dtype, layout, l2no
     plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=heads_v, head_dim=head_dim, segment_chunks=segment_chunks,
                                        num_sms=num_sms)
     out = torch.full_like(v, float("nan"))
-    o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, cu_seqlens=cu,
-                                      use_qk_l2norm_in_kernel=l2norm, state_layout=layout, plan=plan, out=out)
+    with kkt_chunks_forced(kkt_chunks):
+        o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True,
+                                          cu_seqlens=cu, use_qk_l2norm_in_kernel=l2norm, state_layout=layout, plan=plan,
+                                          out=out)
     torch.cuda.synchronize()
     assert o is out
     keep = [i for i in range(len(lengths)) if i != poisoned]
@@ -100,16 +114,18 @@ def test_matches_recurrence(lengths, heads, group, dtype, layout, l2norm, beta_f
     check_against_reference(lengths, heads, group, head_dim, DTYPES[dtype], layout, l2norm, beta_fp32, with_initial,
                             seed=len(lengths) * 7919 + sum(lengths),
                             segment_chunks=data.draw(st.integers(1, 8)) if split else None,
-                            num_sms=data.draw(st.sampled_from([None, 1])))
+                            num_sms=data.draw(st.sampled_from([None, 1])),
+                            kkt_chunks=data.draw(st.sampled_from([None, 2, 3, 8])))
 
 
+@pytest.mark.parametrize("kkt_chunks", [None, 3])
 @pytest.mark.parametrize("num_sms", [None, 1])
 @pytest.mark.parametrize("head_dim", head_dims())
-def test_split_sequence_is_exact_and_neighbours_are_isolated(head_dim, num_sms):
+def test_split_sequence_is_exact_and_neighbours_are_isolated(head_dim, num_sms, kkt_chunks):
     # 2100 tokens = 33 chunks in 5 segments of 8 (the last of 1); a poisoned neighbour in the middle. Planned for
     # one SM, the forward runs in wide blocks (head_dim 128: two value slices a block).
     plan = check_against_reference([2100, 77, 1000], 2, 2, head_dim, torch.bfloat16, "kv", False, True, True, seed=5,
-                                   segment_chunks=8, poisoned=1, num_sms=num_sms)
+                                   segment_chunks=8, poisoned=1, num_sms=num_sms, kkt_chunks=kkt_chunks)
     assert len(plan.chains) == 2 and plan.num_summaries == 4 + 1  # both long sequences were split
     assert plan.wide is (num_sms == 1 and head_dim == 128)
 
