@@ -2,7 +2,8 @@
 
 T = 32768 tokens in one sequence, K = 128, bf16, over seed 002's five head configurations
 (hk2_hv8, hk8_hv32, hk16_hv32, hk16_hv64, hk32_hv32), for each min_blocks_per_sm the spec lists
-(4, 6, 8; seed 002 found 8 best on the B200), as CUDA graph replays of the kernel alone.
+(seed 002 found 8 best on the B200; the spec now lists 4 alone: a block's two K tiles leave
+shared memory for 5), as CUDA graph replays of the kernel alone.
 
     PYTHONPATH=. python3 bench/bench_gdn_kkt.py [--out DIR]
 """

@@ -203,10 +203,8 @@ def test_gdn_recurrence_sass_is_wgmma_and_tma_with_no_local_memory(name, tmp_pat
         assert not local, f"{entry}: local memory accesses: {local[:5]}"
 
 
-@pytest.mark.parametrize("name", [v.name for v in _gdn_variants("gated_delta_rule_kkt")
-                                  if v.param_dict["min_blocks_per_sm"] == 4], ids=lambda n: n.split("[")[1])
+@pytest.mark.parametrize("name", [v.name for v in _gdn_variants("gated_delta_rule_kkt")], ids=lambda n: n.split("[")[1])
 def test_gdn_kkt_sass_is_mma_sync_with_no_local_memory(name, tmp_path):
-    # 4 blocks per SM, the default; 6 and 8 cap registers below what the kernel needs (see its spec).
     cubin, _ = _compiled(name)
     text = sass_by_function(cubin, tmp_path)["gated_delta_rule_kkt"]
     assert re.search(r"\bHMMA\.16816\.F32\.BF16\b", text) and re.search(r"\bHMMA\.16816\.F32\b", text)

@@ -150,7 +150,7 @@ def test_a_contract_that_disagrees_with_the_template_fails_to_compile(monkeypatc
 # sweep, as above, would compile hundreds of these large kernels.)
 @pytest.mark.parametrize("family_name, axis, value", [
     ("gated_delta_rule_kkt", "head_dim", 96), ("gated_delta_rule_kkt", "tile_m", 128),
-    ("gated_delta_rule_kkt", "num_warps", 8),
+    ("gated_delta_rule_kkt", "num_warps", 8), ("gated_delta_rule_kkt", "min_blocks_per_sm", 6),
     ("gated_delta_rule_chunk", "head_dim", 256), ("gated_delta_rule_chunk", "tile_m", 32),
     ("gated_delta_rule_chunk", "tile_n", 128), ("gated_delta_rule_chunk", "num_warps", 8),
     ("gated_delta_rule_chunk", "min_blocks_per_sm", 4),
