@@ -115,7 +115,7 @@ def test_matches_recurrence(lengths, heads, group, dtype, layout, l2norm, beta_f
                             seed=len(lengths) * 7919 + sum(lengths),
                             segment_chunks=data.draw(st.integers(1, 8)) if split else None,
                             num_sms=data.draw(st.sampled_from([None, 1])),
-                            kkt_chunks=data.draw(st.sampled_from([None, 2, 3, 8])))
+                            kkt_chunks=data.draw(st.sampled_from([None, 2, 3, 4, 8])))
 
 
 @pytest.mark.parametrize("kkt_chunks", [None, 3])

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from kgen import registry
 from kgen.families.gated_delta_rule.axes import spec_axes
+from kgen.families.gated_delta_rule.chunk import KKT_CHUNK_TIME, kkt_chunks_per_block
 from kgen.families.gated_delta_rule.recipe import ChunkRecipe, plan_from_recipe
 from kgen.families.gated_delta_rule.schedule import RecurrenceCosts, choose_segment_chunks, plan_chunks
 from kgen.ops import plan_chunk_gated_delta_rule
@@ -191,3 +192,15 @@ def test_exact_split_is_a_plan_choice_that_its_recipe_keeps():
     assert not plan_chunk_gated_delta_rule([0, 4096], num_heads_v=4, head_dim=128).exact_split
     with pytest.raises(TypeError, match="exact_split: expected a bool, got 1"):
         plan_chunk_gated_delta_rule([0, 4096], num_heads_v=4, exact_split=1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(num_chunks=st.integers(1, 100_000), heads=st.integers(1, 64), blocks_per_sm=st.integers(1, 8),
+       sms=st.integers(1, 200))
+def test_kkt_blocks_take_the_chunks_fastest_by_whole_waves(num_chunks, heads, blocks_per_sm, sms):
+    chosen = kkt_chunks_per_block(num_chunks, heads, blocks_per_sm, sms)
+    def waves_time(per_block):
+        return math.ceil(math.ceil(num_chunks / per_block) * heads / (sms * blocks_per_sm)) * per_block * KKT_CHUNK_TIME[per_block]
+    assert chosen in KKT_CHUNK_TIME
+    assert waves_time(chosen) == min(waves_time(n) for n in KKT_CHUNK_TIME)
+    assert all(waves_time(n) > waves_time(chosen) for n in KKT_CHUNK_TIME if n < chosen)  # the fewest on a tie

@@ -36,21 +36,20 @@ from kgen.runtime.device import GRID_YZ_LIMIT, sm_count
 from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, incomplete_tile_pair, launcher
 
 KKT_FAMILY = "gated_delta_rule_kkt"
-#: Chunks per block the KKT kernel may take: a block loads its next chunk's K during a chunk's solve.
-KKT_CHUNKS_PER_BLOCK = (1, 2, 4, 8)
-#: A chunk's time in such a block, against a one-chunk block's (seed 000's L=1024 batch: 344 against 364 us over
-#: as many waves' worth of chunks, bench/NOTES.md, twentieth session).
-KKT_PIPELINED_CHUNK = 0.93
+#: Chunks per block the KKT kernel may take (a block loads its next chunk's K during a chunk's solve), and a
+#: chunk's time in such a block against a one-chunk block's: seed 000's L=1024 batch, 364, 348, 344 and 341 us over
+#: 47, 48, 48 and 48 waves' worth of chunks (bench/NOTES.md, twentieth session).
+KKT_CHUNK_TIME = {1: 1.0, 2: 0.936, 4: 0.926, 8: 0.917}
 
 
 def kkt_chunks_per_block(num_chunks: int, heads: int, blocks_per_sm: int, num_sms: int) -> int:
     """Chunks per block of the KKT kernel over ``num_chunks`` chunks of ``heads`` q/k heads: the fastest of
-    KKT_CHUNKS_PER_BLOCK by whole waves of ``blocks_per_sm`` blocks an SM (the fewest chunks a block on a tie)."""
+    KKT_CHUNK_TIME's by whole waves of ``blocks_per_sm`` blocks an SM (the fewest chunks a block on a tie)."""
     slots = num_sms * blocks_per_sm
     def waves_time(per_block: int) -> float:
         waves = -(-(-(-num_chunks // per_block) * heads) // slots)
-        return waves * per_block * (1.0 if per_block == 1 else KKT_PIPELINED_CHUNK)
-    return min(KKT_CHUNKS_PER_BLOCK, key=waves_time)
+        return waves * per_block * KKT_CHUNK_TIME[per_block]
+    return min(KKT_CHUNK_TIME, key=waves_time)
 
 
 @dataclass(frozen=True)
