@@ -59,8 +59,9 @@ class RecurrenceCosts:
     summary_blocks_per_sm: int = 2
     #: A chunk's time, each, when two or more blocks share an SM.
     shared: float = 1.47
-    #: A summary block's time per chunk (no outputs), in the unit above. The model runs every summary in full:
-    #: the decay-bounded shortcut stops a summary early only where its head decays, which the host cannot know.
+    #: A summary block's time per chunk (no outputs), in the unit above, fitted with every summary run in full (the
+    #: decay-bounded shortcut stops a summary early only where its head decays, which the host cannot know:
+    #: :func:`choose_segment_chunks` prices both).
     summary: float = 0.7
     #: A step of the chain of start states, in chunks.
     chain_step: float = 1.5
