@@ -38,7 +38,8 @@ from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, contract, incomplet
 KKT_FAMILY = "gated_delta_rule_kkt"
 #: Chunks per block the KKT kernel may take (a block loads its next chunk's K during a chunk's solve), and a
 #: chunk's time in such a block against a one-chunk block's: seed 000's L=1024 batch, 364, 348, 344 and 341 us over
-#: 47, 48, 48 and 48 waves' worth of chunks (bench/NOTES.md, twentieth session).
+#: 47, 48, 48 and 48 waves' worth of chunks (bench/NOTES.md, twentieth session), on the row-block solve that the
+#: doubling solve replaced (not refitted since).
 KKT_CHUNK_TIME = {1: 1.0, 2: 0.936, 4: 0.926, 8: 0.917}
 
 
