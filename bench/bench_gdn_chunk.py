@@ -10,7 +10,9 @@ processes, one per library, in the same run and on the same inputs: FlashQLA 0.1
 graph-capturable) and fla-core 0.6.0's ``chunk_gated_delta_rule`` (FLA_FLASH_QLA=0). Every library's
 result is checked against the float64 chunked reference (tests/gdn_reference.chunked, equal to the
 per-token recurrence to 1e-9) on its first 8192 tokens: their o, and the final states of the sequences
-they hold whole. Bar (issue 23, to resolve): kgen/FlashQLA <= 1.0 at every shape and regime.
+they hold whole. Bar (issue 23, to resolve): kgen/FlashQLA <= 1.0 at every shape and regime. Each library's first
+call of each shape is timed too, to its synchronisation (kgen's with its plan; a peer's with whatever it compiles for
+a shape signature it has not seen, TileLang's or Triton's cache being empty on a fresh machine).
 
     PYTHONPATH=. python3 bench/bench_gdn_chunk.py [--out DIR]
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -42,7 +45,8 @@ PEERS = ("flashqla", "fla")
 COLUMNS = [("shape", "shape", None), ("gates", "gates", None), ("kgen_us", "kgen us", ".1f"),
            ("flashqla_us", "FlashQLA us", ".1f"), ("fla_us", "fla us", ".1f"),
            ("kgen_over_flashqla", "kgen/FlashQLA", ".3f"), ("kgen_over_fla", "kgen/fla", ".3f"),
-           ("segments", "segments", None), ("kgen_rel_rms", "kgen rel RMS", ".1e"),
+           ("kgen_first_ms", "kgen first call ms", ".1f"), ("flashqla_first_ms", "FlashQLA first call ms", ".1f"),
+           ("fla_first_ms", "fla first call ms", ".1f"), ("segments", "segments", None), ("kgen_rel_rms", "kgen rel RMS", ".1e"),
            ("flashqla_rel_rms", "FlashQLA rel RMS", ".1e"), ("fla_rel_rms", "fla rel RMS", ".1e"),
            ("flashqla_status", "FlashQLA", None), ("fla_status", "fla", None)]
 
@@ -93,11 +97,22 @@ def checked_rel_rms(case: Case, tensors: tuple[torch.Tensor, ...], o: torch.Tens
     return error
 
 
+def first_call(run: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, tuple[torch.Tensor, torch.Tensor]]:
+    """The wall time of ``run``'s first call, to its synchronisation, in ms, and its result."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = run()
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - start), result
+
+
 def timed(case: Case, tensors: tuple[torch.Tensor, ...], run: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-          library: str) -> dict[str, Any]:
-    """``{library}_rel_rms`` and ``{library}_us`` of ``run`` (which returns o and the final states)."""
-    o, final = run()
-    row = {f"{library}_rel_rms": checked_rel_rms(case, tensors, o, final)}
+          library: str, first_ms: float | None = None) -> dict[str, Any]:
+    """``{library}_rel_rms``, ``{library}_us`` and ``{library}_first_ms`` of ``run`` (which returns o and the final
+    states); ``first_ms`` where the first call was timed outside, with the plan it made."""
+    own_first_ms, (o, final) = first_call(run)
+    row = {f"{library}_first_ms": own_first_ms if first_ms is None else first_ms,
+           f"{library}_rel_rms": checked_rel_rms(case, tensors, o, final)}
     del o, final
     torch.cuda.empty_cache()
     row[f"{library}_us"] = 1e3 * time_graph(run, samples=10, replays_per_sample=5)
@@ -109,11 +124,17 @@ def time_kgen(case: Case) -> dict[str, Any]:
     tensors = inputs(case)
     q, k, v, g, beta, cu = tensors
     cu_device = cu.cuda()
-    plan = plan_chunk_gated_delta_rule(cu, num_heads_v=case.heads_v, head_dim=HEAD_DIM, device="cuda")
+    plan = None
 
     def run():
         return chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu_device, plan=plan)
-    return {"segments": len(plan.segments), **timed(case, tensors, run, "kgen")}
+
+    def plan_and_run():
+        nonlocal plan
+        plan = plan_chunk_gated_delta_rule(cu, num_heads_v=case.heads_v, head_dim=HEAD_DIM, device="cuda")
+        return run()
+    first_ms, _ = first_call(plan_and_run)
+    return {"segments": len(plan.segments), **timed(case, tensors, run, "kgen", first_ms)}
 
 
 def peer_rows(library: str, cases: list[Case]) -> list[dict[str, Any]]:
