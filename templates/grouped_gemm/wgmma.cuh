@@ -4,8 +4,8 @@
 // and up tiles), into kStages stages, each with a full mbarrier (TMA's bytes landed) and an empty one (every
 // consumer warp is done reading). Each consumer warpgroup owns 64 rows: per stage four wgmma m64 x kBRows x k16
 // from shared memory into its fp32 accumulators, the products of one stage in flight while the next stage's are
-// issued (FP8: four k32 products per 128-wide K block into the block's own part accumulators, then scaled and added
-// to the result's, the even blocks' scaling under the next block's products). SwiGLU's gate and up tiles lie one after the other in shared memory, so one wgmma computes both: a
+// issued (FP8: four k32 products per 128-wide K block into the block's own accumulators, waited for, then scaled
+// and added to the result's). SwiGLU's gate and up tiles lie one after the other in shared memory, so one wgmma computes both: a
 // thread's column blocks j and j + kTileN / 8 are the gate and the up product of the same output columns.
 // K past num_k and rows past the tensors load as zeros (TMA's out-of-bounds fill), so only N needs checks.
 // Needs kernel.cu.j2's variant constants and schedule.
@@ -133,74 +133,52 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
         kgen::mbarrier_wait(barriers.full(first_stage), (step / kStages) & 1);
         const BlockTile tile = stage_tiles[first_stage];
         if (tile.owner.expert < 0) return;
-        if constexpr (kFp8) {
-            // Two-level accumulation: each 128-wide K block's product alone, then scaled by a's scales (the thread's
-            // two rows; none past the tensor, whose rows load as zeros) and b's (the tile's 128 columns) and added to
-            // the fp32 result outside the tensor core, whose FP8 accumulation is narrower than fp32. Blocks go in
-            // pairs, each with its own part accumulators, so that the second block's products run while the first's
-            // are scaled (with one set, every block waited for its own products). The second is scaled with no
-            // products of this warpgroup in flight: issuing the next pair's first before it kept a product in flight
-            // across the loop's back edge, and ptxas then serialised every wgmma (C7514).
-            const long long scale_k = num_k / kScaleBlock, row = tile.owner.first_row + thread_row;
-            const float* const b_blocks = b_scale + (tile.owner.expert * (num_n / kScaleBlock) + tile.column_tile) * scale_k;
-            const auto issue_block = [&](float (&part)[kBRows / 8][4], int block_step) {
-                const int stage = block_step % kStages;
-                const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
-                kgen::mbarrier_wait(barriers.full(stage), (block_step / kStages) & 1);
-                kgen::wgmma_fence();  // the part's last scaling (its reads) stays before these products
+        for (int kt = 0; kt < k_tiles; ++kt, ++step) {
+            const int stage = step % kStages;
+            const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
+            kgen::mbarrier_wait(barriers.full(stage), (step / kStages) & 1);
+            if constexpr (kFp8) {
+                // Two-level accumulation: this K block's product alone, then scaled by a's scales (the thread's two
+                // rows; none past the tensor, whose rows load as zeros) and b's (the tile's 128 columns) and added
+                // to the fp32 result outside the tensor core, whose FP8 accumulation is narrower than fp32.
+                const long long scale_k = num_k / kScaleBlock, row = tile.owner.first_row + thread_row;
+                const float* const a_block = a_scale + kt * a_scale_block_stride;  // row-major or MN-major
+                const float a_low = row < num_rows ? a_block[row * a_scale_row_stride] : 0.f;
+                const float a_high = row + 8 < num_rows ? a_block[(row + 8) * a_scale_row_stride] : 0.f;
+                const float b_block = b_scale[(tile.owner.expert * (num_n / kScaleBlock) + tile.column_tile) * scale_k + kt];
+                float part[kBRows / 8][4];
+                kgen::fence_operands(acc);  // the last block's additions stay before these products' issue
+                kgen::wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too
                     kgen::wgmma_ss<kBRows, 0>(part, kgen::k_major_descriptor(stage_a + 32 * kk),
                                               kgen::k_major_descriptor(stage_b + 32 * kk), kk > 0);
                 }
                 kgen::wgmma_commit();
-            };
-            // Block kt's part, its products done, into the result; its stage goes back to the producer.
-            const auto add_block = [&](float (&part)[kBRows / 8][4], int kt) {
+                kgen::wgmma_wait<0>();
                 kgen::fence_operands(part);
-                if (lane == 0) kgen::mbarrier_arrive(barriers.empty((step + kt) % kStages));
-                const float* const a_block = a_scale + kt * a_scale_block_stride;  // row-major or MN-major
-                const float a_low = row < num_rows ? a_block[row * a_scale_row_stride] : 0.f;
-                const float a_high = row + 8 < num_rows ? a_block[(row + 8) * a_scale_row_stride] : 0.f;
-                const float b_block = b_blocks[kt];
+                if (lane == 0) kgen::mbarrier_arrive(barriers.empty(stage));
                 const float scale[2] = {a_low * b_block, a_high * b_block};
 #pragma unroll
                 for (int j = 0; j < kBRows / 8; ++j)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) acc[j][e] = kt > 0 ? fmaf(part[j][e], scale[e / 2], acc[j][e]) : part[j][e] * scale[e / 2];
-            };
-            float part_even[kBRows / 8][4], part_odd[kBRows / 8][4];  // blocks 0, 2, ... and 1, 3, ...
-            for (int kt = 0; kt < k_tiles; kt += 2) {
-                issue_block(part_even, step + kt);
-                if (kt + 1 < k_tiles) {
-                    issue_block(part_odd, step + kt + 1);
-                    kgen::wgmma_wait<1>();
-                } else {
-                    kgen::wgmma_wait<0>();
-                }
-                add_block(part_even, kt);
-                kgen::wgmma_wait<0>();
-                if (kt + 1 < k_tiles) add_block(part_odd, kt + 1);
+                continue;
             }
-            step += k_tiles;
-        } else {
-            for (int kt = 0; kt < k_tiles; ++kt, ++step) {
-                const int stage = step % kStages;
-                const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
-                kgen::mbarrier_wait(barriers.full(stage), (step / kStages) & 1);
-                kgen::fence_operands(acc);
-                kgen::wgmma_fence();
+            kgen::fence_operands(acc);
+            kgen::wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k16 step moves 32 bytes inside the swizzled rows
-                    kgen::wgmma_ss<kBRows, 0>(acc, kgen::k_major_descriptor(stage_a + 32 * kk), kgen::k_major_descriptor(stage_b + 32 * kk),
-                                              kt > 0 || kk > 0);
-                }
-                kgen::wgmma_commit();
-                kgen::fence_operands(acc);
-                kgen::wgmma_wait<1>();  // the previous stage's products are done: release it
-                kgen::fence_operands(acc);
-                if (kt > 0 && lane == 0) kgen::mbarrier_arrive(barriers.empty((step - 1) % kStages));
+            for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k16 step moves 32 bytes inside the swizzled rows
+                kgen::wgmma_ss<kBRows, 0>(acc, kgen::k_major_descriptor(stage_a + 32 * kk), kgen::k_major_descriptor(stage_b + 32 * kk),
+                                          kt > 0 || kk > 0);
             }
+            kgen::wgmma_commit();
+            kgen::fence_operands(acc);
+            kgen::wgmma_wait<1>();  // the previous stage's products are done: release it
+            kgen::fence_operands(acc);
+            if (kt > 0 && lane == 0) kgen::mbarrier_arrive(barriers.empty((step - 1) % kStages));
+        }
+        if constexpr (!kFp8) {  // (the FP8 loop released every stage itself)
             kgen::wgmma_wait<0>();
             kgen::fence_operands(acc);
             if (lane == 0) kgen::mbarrier_arrive(barriers.empty((step - 1) % kStages));  // the producer loads on meanwhile
