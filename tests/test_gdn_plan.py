@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from kgen import registry
 from kgen.families.gated_delta_rule.axes import spec_axes
 from kgen.families.gated_delta_rule.chunk import KKT_CHUNK_TIME, kkt_chunks_per_block
+from kgen.families.gated_delta_rule.contract import GDN_SEGMENT_FIELDS
 from kgen.families.gated_delta_rule.recipe import ChunkRecipe, plan_from_recipe
 from kgen.families.gated_delta_rule.schedule import RecurrenceCosts, choose_segment_chunks, plan_chunks
 from kgen.ops import plan_chunk_gated_delta_rule
@@ -147,6 +148,39 @@ def test_op_tables_match_the_model(seqlens, heads_v, sms):
     assert [r[4] for r in got] == sorted((r[4] for r in got), reverse=True)  # the longest first
     assert plan.summary_segments.tolist() == [r for r in got if r[5] >= 0]
     assert plan.chains.tolist() == chains and plan.num_summaries == base
+
+
+@settings(max_examples=50, deadline=None)
+@given(seqlens=lengths, segment_chunks=st.sampled_from([1, 2, 3]))
+def test_the_backward_walks_the_same_slots_back(seqlens, segment_chunks):
+    """The backward's split (reverse.cuh, the chain with reverse_order) on the forward's slots, as its kernels index
+    them: each segment but a sequence's first writes its summary to its start slot; the chain walks a sequence's
+    slots from the last down, from d_final_state, writing each result to the slot it read; each segment but the
+    last reads its end dS' from its summary slot. Summaries here are the segments' names, so the state a segment
+    reads must be its later segments' names in the order they were applied."""
+    cu = [0, *np.cumsum(seqlens).tolist()]
+    plan = plan_chunk_gated_delta_rule(cu, num_heads_v=1, head_dim=128, segment_chunks=segment_chunks)
+    fields = {name: i for i, name in enumerate(GDN_SEGMENT_FIELDS)}
+    summaries = {}
+    for row in plan.segments.tolist():  # reverse_summary: every segment with a start slot
+        if row[fields["start_slot"]] >= 0:
+            assert row[fields["start_slot"]] not in summaries
+            summaries[row[fields["start_slot"]]] = (row[fields["sequence"]], row[fields["first_chunk"]])
+    ends = {}
+    for sequence, first_slot, count in plan.chains.tolist():  # the chain, reverse_order=1
+        state = ()
+        for j in range(count):
+            slot = first_slot + count - 1 - j
+            assert summaries[slot][0] == sequence
+            state = state + (summaries[slot],)
+            ends[slot] = state
+    for row in plan.segments.tolist():  # the reverse: each segment from its end
+        sequence, first_chunk = row[fields["sequence"]], row[fields["first_chunk"]]
+        later = sorted(((s, c) for s, c in summaries.values() if s == sequence and c > first_chunk), reverse=True)
+        if row[fields["writes_final"]]:
+            assert later == [] and row[fields["summary_slot"]] == -1
+        else:
+            assert list(ends[row[fields["summary_slot"]]]) == later
 
 
 def test_splits_stay_within_the_grid():

@@ -5,12 +5,20 @@
 // (the gradient of chunk.cu.j2's S = e^{Gamma_last} S + K^T diag(e^{Gamma_last - Gamma}) Vn and O through
 // S, with Vn = Tbeta (V - diag(e^Gamma) K S)). It writes every chunk's dS' (16-bit, transposed,
 // [chunk, v-head, V, K]) for the per-chunk gradients, and the sequence's dS before its first chunk.
-// A block (one warpgroup) owns (sequence, v-head, slice of kSliceV value columns) and keeps dS'^T [kSliceV, K] in
-// fp32 wgmma accumulators, with a 16-bit copy in shared memory as K dS''s B operand. The sequence runs
-// whole (no split). The chunk before this one loads by cp.async while this one computes; an
-// incomplete chunk's rows past the sequence are zero-filled and never read (has_incomplete_tile=false
-// has no such code). Every gate difference is taken with i <= j, so nothing overflows. A sequence the call's
-// cu_seqlens bound otherwise than the plan (plan_refused) starts from a NaN dS', so all its gradients come out NaN.
+// A block (one warpgroup) owns (segment, v-head, slice of kSliceV value columns) and keeps dS'^T [kSliceV, K] in
+// fp32 wgmma accumulators, with a 16-bit copy in shared memory as K dS''s B operand. The chunk before this one
+// loads by cp.async while this one computes; an incomplete chunk's rows past the sequence are zero-filled and
+// never read (has_incomplete_tile=false has no such code). Every gate difference is taken with i <= j, so nothing
+// overflows. A sequence the call's cu_seqlens bound otherwise than the plan (plan_refused) starts from a NaN dS',
+// so all its gradients come out NaN.
+//
+// Split sequences, as the forward's: dS is linear in (dS', dO), so a segment maps the dS' at its end to the dS at
+// its start as dS = M dS' + h. gated_delta_rule_chunk_reverse_summary (kSummary) runs each segment but its
+// sequence's first on the augmented [M | h] (K + V columns), M's from dS' = I with no dO and h's from dS' = 0 with
+// the dO, and writes it to the segment's start slot. gated_delta_rule_chunk_chain walks each sequence's summaries
+// from its last segment back (reverse_order), from d_final_state, writing each segment's end dS' to its summary
+// slot; gated_delta_rule_chunk_reverse then runs every segment from its exact end, and the sequence's first
+// segment writes the gradient of the initial state.
 //
 // Config as for recurrence.cuh. Needs common/ numeric, smem, swizzle, mma, cp_async and wgmma (widths
 // kSliceV, 64 and kHeadDim); gated_delta_rule/tiles.cuh and recurrence.cuh (segment rows, state_at).
@@ -47,33 +55,44 @@ struct Reverse {
         return mn_major_descriptor(tile + kk * 16 * 128, kPanelBytes);
     }
 
+    // kSummary: the segment's [M | h] (see above), blockIdx.x a slice of its K + V augmented columns.
+    template <bool kSummary>
     __device__ static __forceinline__ void run(const T* __restrict__ q, const T* __restrict__ k, const float* __restrict__ g,
                                                const T* __restrict__ tbeta, const T* __restrict__ d_out,
                                                const float* __restrict__ d_final_state, const void* __restrict__ cu_seqlens,
                                                long long cu_seqlens_is_int64, const int* __restrict__ segments,
+                                               const float* __restrict__ end_states, float* __restrict__ summary,
                                                T* __restrict__ d_states, float* __restrict__ d_initial_state,
                                                long long num_heads, long long num_heads_v, float scale) {
         extern __shared__ unsigned char smem_bytes[];
         Shared& smem = *reinterpret_cast<Shared*>(kgen::align_up<kgen::kSwizzleAlignment>(smem_bytes));
         const int* const segment = segments + kSegmentFields * blockIdx.z;
-        if (!segment[kWritesFinal]) return;  // a sequence runs in the block of its last segment
+        if (kSummary && segment[kStartSlot] < 0) return;  // a sequence's first segment: the chain ends there
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int sequence = segment[kSequence], end_token = segment[kEndToken], start_token = segment[kSequenceStart];
-        // A sequence's segments start on chunk boundaries and its chunks are consecutive in the plan.
-        const int first_chunk = segment[kFirstChunk] - (segment[kFirstToken] - start_token) / kChunk;
-        const int chunks = segment[kFirstChunk] + segment[kChunks] - first_chunk;
+        const int first_chunk = segment[kFirstChunk], chunks = segment[kChunks], first_token = segment[kFirstToken];
         const int heads_v = static_cast<int>(num_heads_v), head_v = blockIdx.y;
         const int head = head_v / (heads_v / static_cast<int>(num_heads));
-        const int value0 = blockIdx.x * kSliceV;
+        // The slice's first augmented column (summary) or value column; M's columns carry no dO.
+        const int column0 = blockIdx.x * kSliceV;
+        const bool carries_d_out = !kSummary || column0 >= kHeadDim;
+        const int value0 = carries_d_out && kSummary ? column0 - kHeadDim : column0;
         const long long qk_stride = num_heads * kHeadDim, v_stride = static_cast<long long>(heads_v) * kHeadDim;
-        auto token_of = [&](int c) { return start_token + c * kChunk; };
+        auto token_of = [&](int c) { return first_token + c * kChunk; };  // a segment starts on a chunk boundary
 
+        if (!carries_d_out) {  // dO = 0 for M's columns: its tiles are zeroed once and never loaded
+            for (int i = threadIdx.x; i < kChunk * kSliceV; i += kThreads) {
+                smem.chunk[0].d_out[i] = kgen::from_f32<T>(0.f), smem.chunk[1].d_out[i] = kgen::from_f32<T>(0.f);
+            }
+        }
         auto load_chunk = [&](int c, ChunkTiles& tiles) {
             const int token = token_of(c), valid = end_token - token;
             load_tile<kHeadDim, kThreads, kHasIncompleteTile>(tiles.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid, threadIdx.x);
             load_tile<kHeadDim, kThreads, kHasIncompleteTile>(tiles.k, k + token * qk_stride + head * kHeadDim, qk_stride, valid, threadIdx.x);
-            load_tile<kSliceV, kThreads, kHasIncompleteTile>(tiles.d_out, d_out + token * v_stride + head_v * kHeadDim + value0,
-                                                            v_stride, valid, threadIdx.x);
+            if (carries_d_out) {
+                load_tile<kSliceV, kThreads, kHasIncompleteTile>(tiles.d_out, d_out + token * v_stride + head_v * kHeadDim + value0,
+                                                                v_stride, valid, threadIdx.x);
+            }
             load_tile<kChunk, kThreads, false>(tiles.tbeta, tbeta + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kChunk * kChunk,
                                                kChunk, kChunk, threadIdx.x);
             kgen::cp_async_commit();
@@ -83,15 +102,23 @@ struct Reverse {
         const int row = 16 * warp + lane / 4, fragment_column = 2 * (lane % 4);
         float ds[kKeyTiles][4];
         {
+            // dS' at the segment's end: the sequence's last gets d_final_state (or 0), the others the chain's
+            // ([K, V] rows in their summary slot); a summary M's identity columns, or h's zeros.
             const bool refused = plan_refused(cu_seqlens, cu_seqlens_is_int64, sequence, start_token, end_token);
-            const float* const seed = d_final_state == nullptr || refused
-                ? nullptr : d_final_state + (static_cast<long long>(sequence) * heads_v + head_v) * kHeadDim * kHeadDim;
+            const long long head_slot = static_cast<long long>(segment[kWritesFinal] ? sequence : segment[kSummarySlot]) * heads_v + head_v;
+            const float* const seed = kSummary || refused ? nullptr
+                                      : segment[kWritesFinal] ? (d_final_state == nullptr ? nullptr : d_final_state + head_slot * kHeadDim * kHeadDim)
+                                                              : end_states + head_slot * kHeadDim * kHeadDim;
+            const bool key_major = kKeyMajor || !segment[kWritesFinal];  // the chain's states are [K, V]
 #pragma unroll
             for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int value = value0 + row + (e / 2) * 8, key = 8 * n + fragment_column + e % 2;
-                    ds[n][e] = seed == nullptr ? (refused ? quiet_nan() : 0.f) : seed[state_at<kKeyMajor, kHeadDim>(key, value)];
+                    ds[n][e] = refused ? quiet_nan()
+                               : kSummary ? (!carries_d_out && value == key ? 1.f : 0.f)
+                               : seed == nullptr ? 0.f
+                                                 : seed[key_major ? state_at<true, kHeadDim>(key, value) : state_at<false, kHeadDim>(key, value)];
                 }
             }
         }
@@ -110,9 +137,10 @@ struct Reverse {
             } else {
                 kgen::cp_async_wait<0>();
             }
-            // dS'^T of this chunk, 16-bit, for the per-chunk gradients.
-            store_rows<T, kHeadDim>(d_states + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim,
-                                    ds, value0 + row, fragment_column);
+            if constexpr (!kSummary) {  // dS'^T of this chunk, 16-bit, for the per-chunk gradients
+                store_rows<T, kHeadDim>(d_states + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim,
+                                        ds, value0 + row, fragment_column);
+            }
             float gate[2];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
@@ -217,7 +245,19 @@ struct Reverse {
             __syncthreads();  // this chunk's tiles are read no more: the next step reloads their buffer
         }
 
-        if (d_initial_state == nullptr) return;
+        if constexpr (kSummary) {  // [M | h]: rows [K][K + V] of the segment's start slot
+            float* const rows = summary + (static_cast<long long>(segment[kStartSlot]) * heads_v + head_v) * kHeadDim * 2 * kHeadDim;
+#pragma unroll
+            for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int column = column0 + row + (e / 2) * 8, key = 8 * n + fragment_column + e % 2;
+                    rows[key * 2 * kHeadDim + column] = ds[n][e];
+                }
+            }
+            return;
+        }
+        if (d_initial_state == nullptr || first_token != start_token) return;  // the sequence's first segment writes it
         float* const dest = d_initial_state + (static_cast<long long>(sequence) * heads_v + head_v) * kHeadDim * kHeadDim;
 #pragma unroll
         for (int n = 0; n < kKeyTiles; ++n) {

@@ -4,7 +4,10 @@ The forward keeps nothing but its inputs (as FlashQLA's). The backward
 1. recomputes the state S^T before every chunk (``gated_delta_rule_chunk_states``: the forward's recurrence,
    its split and chain included, writing 16-bit states instead of o);
 2. runs the state gradient's reverse recurrence from each sequence's end (``gated_delta_rule_chunk_reverse``),
-   writing every chunk's dS'^T (16-bit) and the gradient of the initial state;
+   writing every chunk's dS'^T (16-bit) and the gradient of the initial state. Split sequences run their segments
+   at once, as in the forward: ``gated_delta_rule_chunk_reverse_summary`` maps each segment but the first of its
+   sequence to dS = M dS' + h, and ``gated_delta_rule_chunk_chain`` walks them from the sequence's end into every
+   segment's exact end dS' (no decay-bounded shortcut yet: every M is applied);
 3. takes every chunk's dq, dk, dv, dg and dbeta from them: by default with :mod:`.local_grads` (batched torch
    products in fp32 over slices of chunks); with ``per_chunk="kernel"`` by ``gated_delta_rule_chunk_grads``, a
    block per (chunk, v-head), everything in shared memory: 5.4x faster, but its dg missed the 1e-2 bar on one
@@ -93,15 +96,28 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
     kernels = kernels_for_plan(plan, q, state_layout)
     tbeta = run_forward(plan, q_in, k_in, v, g, beta, cu_seqlens, initial_state, states, None, scale, state_layout,
                         False, states=True)
-    chunks, segments = plan.tables.on(q.device)[:2]
-    kernels.reverse.launch((head_dim // plan.value_slice, heads_v, len(plan.segments)), q=q_in.data_ptr(),
-                           k=k_in.data_ptr(), g=g.data_ptr(), tbeta=tbeta.data_ptr(), d_out=d_out.data_ptr(),
-                           d_final_state=0 if d_final_state is None else d_final_state.data_ptr(),
-                           cu_seqlens=0 if cu_seqlens is None else cu_seqlens.data_ptr(),
-                           cu_seqlens_is_int64=int(cu_seqlens is not None and cu_seqlens.dtype is torch.int64),
-                           segments=segments.data_ptr(), d_states=d_states.data_ptr(),
-                           d_initial_state=0 if d_initial is None else d_initial.data_ptr(), num_heads=heads,
-                           num_heads_v=heads_v, scale=np.float32(scale))
+    chunks, segments, _, chains = plan.tables.on(q.device)
+    reverse = {"q": q_in.data_ptr(), "k": k_in.data_ptr(), "g": g.data_ptr(), "tbeta": tbeta.data_ptr(),
+               "d_out": d_out.data_ptr(), "d_final_state": 0 if d_final_state is None else d_final_state.data_ptr(),
+               "cu_seqlens": 0 if cu_seqlens is None else cu_seqlens.data_ptr(),
+               "cu_seqlens_is_int64": int(cu_seqlens is not None and cu_seqlens.dtype is torch.int64),
+               "segments": segments.data_ptr(), "end_states": 0, "summary": 0, "d_states": d_states.data_ptr(),
+               "d_initial_state": 0 if d_initial is None else d_initial.data_ptr(), "num_heads": heads,
+               "num_heads_v": heads_v, "scale": np.float32(scale)}
+    if plan.num_summaries:
+        # The forward's slots, walked back: segment j's summary goes to its start slot, and the chain writes its
+        # end dS' to its summary slot.
+        summaries = q.new_empty((plan.num_summaries, heads_v, head_dim, 2 * head_dim), dtype=torch.float32)
+        ends = q.new_empty((plan.num_summaries, heads_v, head_dim, head_dim), dtype=torch.float32)
+        none_negligible = torch.zeros((plan.num_summaries, heads_v), device=q.device, dtype=torch.int32)
+        kernels.reverse_summary.launch((2 * head_dim // plan.value_slice, heads_v, len(plan.segments)),
+                                       **{**reverse, "summary": summaries.data_ptr(), "d_states": 0, "d_initial_state": 0})
+        kernels.chain.launch((head_dim // kernels.chain_columns, heads_v, len(plan.chains)), summary=summaries.data_ptr(),
+                             negligible_summaries=none_negligible.data_ptr(), initial_state=reverse["d_final_state"],
+                             start_states=ends.data_ptr(), chains=chains.data_ptr(), num_heads_v=heads_v,
+                             reverse_order=1)
+        reverse["end_states"] = ends.data_ptr()
+    kernels.reverse.launch((head_dim // plan.value_slice, heads_v, len(plan.segments)), **reverse)
 
     if per_chunk == "kernel":
         dq, dk, dv, dg, dbeta = _kernel_grads(kernels, q_in, k_in, v, g, beta, tbeta, states, d_states, d_out,

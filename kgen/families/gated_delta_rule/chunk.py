@@ -61,10 +61,11 @@ class _Kernels:
     recurrence: KernelLauncher
     summary: KernelLauncher
     chain: KernelLauncher
-    #: The backward's: S^T before every chunk, the reverse recurrence of the state gradient, and the per-chunk
-    #: gradients.
+    #: The backward's: S^T before every chunk, the reverse recurrence of the state gradient and its segments'
+    #: summaries, and the per-chunk gradients.
     states: KernelLauncher
     reverse: KernelLauncher
+    reverse_summary: KernelLauncher
     grads: KernelLauncher
     #: The forward of a plan with one value slice per block (the recurrence's are the whole head dim).
     recurrence_slice: KernelLauncher
@@ -103,6 +104,7 @@ def _kernels_for(device_index: int, head_dim: int, dtype: torch.dtype, state_lay
         chain=launcher(recurrence, "gated_delta_rule_chunk_chain", device_index),
         states=launcher(recurrence, "gated_delta_rule_chunk_states", device_index),
         reverse=launcher(recurrence, "gated_delta_rule_chunk_reverse", device_index),
+        reverse_summary=launcher(recurrence, "gated_delta_rule_chunk_reverse_summary", device_index),
         grads=launcher(recurrence, "gated_delta_rule_chunk_grads", device_index),
         recurrence_slice=launcher(recurrence, "gated_delta_rule_chunk_slice", device_index),
         chunk=chunk, chain_columns=sizes["chain_columns"],
@@ -283,7 +285,7 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
         kernels.chain.launch((head_dim // kernels.chain_columns, heads_v, len(plan.chains)), summary=summaries.data_ptr(),
                       negligible_summaries=negligible.data_ptr(),
                       initial_state=initial, start_states=starts.data_ptr(), chains=chains.data_ptr(),
-                      num_heads_v=heads_v)
+                      num_heads_v=heads_v, reverse_order=0)
     if states:
         kernels.states.launch((head_dim // slice_v, heads_v, len(plan.segments)), **forward)
     elif plan.wide:

@@ -40,7 +40,8 @@ _GDN_RECURRENCE_PARAMETERS = parameters(
     "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm, float negligible_log_decay")
 _GDN_REVERSE_PARAMETERS = parameters(
     "const T* q, const T* k, const float* g, const T* tbeta, const T* d_out, const float* d_final_state, "
-    "const void* cu_seqlens, long long cu_seqlens_is_int64, const int* segments, T* d_states, float* d_initial_state, long long num_heads, long long num_heads_v, float scale")
+    "const void* cu_seqlens, long long cu_seqlens_is_int64, const int* segments, const float* end_states, "
+    "float* summary, T* d_states, float* d_initial_state, long long num_heads, long long num_heads_v, float scale")
 _GDN_GRADS_PARAMETERS = parameters(
     "const T* q, const T* k, const T* v, const float* g, const void* beta, long long beta_is_fp32, const int* chunks, "
     "const T* tbeta, const T* states, const T* d_states, const T* d_out, float* dq, float* dk, T* dv, float* dg, "
@@ -124,15 +125,17 @@ def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
                     "gated_delta_rule_chunk_summary": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_states": _GDN_RECURRENCE_PARAMETERS,
                     "gated_delta_rule_chunk_reverse": _GDN_REVERSE_PARAMETERS,
+                    "gated_delta_rule_chunk_reverse_summary": _GDN_REVERSE_PARAMETERS,
                     "gated_delta_rule_chunk_grads": _GDN_GRADS_PARAMETERS,
                     "gated_delta_rule_chunk_chain": parameters(
                         "const float* summary, const int* negligible_summaries, const float* initial_state, "
                         "float* start_states, const int* chains, "
-                        "long long num_heads_v")},
+                        "long long num_heads_v, long long reverse_order")},
         entry_shapes={"gated_delta_rule_chunk": (wide_threads, wide_smem),
                       "gated_delta_rule_chunk_slice": (slice_threads, smem_bytes),
                       "gated_delta_rule_chunk_chain": (GDN_CHAIN_THREADS, _chain_dynamic_smem_bytes(head_dim)),
                       "gated_delta_rule_chunk_reverse": (params["num_warps"] * 32, reverse_smem),
+                      "gated_delta_rule_chunk_reverse_summary": (params["num_warps"] * 32, reverse_smem),
                       "gated_delta_rule_chunk_grads": (GDN_GRADS_THREADS, grads_smem)})
 
 
