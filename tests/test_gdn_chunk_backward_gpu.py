@@ -120,6 +120,31 @@ def test_no_decay_and_strong_decay_heads_split_at_every_chunk(per_chunk):
     assert_close_to_reference(got, reference_grads(inputs, initial, d_out, d_final, cu_host, use_qk_l2norm=True))
 
 
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+def test_the_backward_shortcut_equals_the_exact_split(layout):
+    # Strong decay (g = logsigmoid(randn): a chunk sums far below -17), every sequence split into segments of two
+    # chunks: each reverse summary runs its first chunk and flags its M negligible. What it drops reaches a
+    # segment's start below fp32 rounding, so the gradients are the exact split's up to the rounding of last-bit
+    # differences in the 16-bit copies of the state gradient. Both are held to float64 too.
+    lengths = [2100, 77, 1000]
+    cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    inputs, initial, d_out, d_final = make_case(lengths, 2, 2, 128, torch.bfloat16, False, True, True, True, layout, 33)
+    q, k, v, _, beta = inputs
+    gen = torch.Generator(device="cuda").manual_seed(34)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, cu_host[-1], 4, generator=gen, device="cuda"))
+    runs = [chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, initial_state=initial, d_final_state=d_final,
+                                       cu_seqlens=cu, state_layout=layout,
+                                       plan=plan_chunk_gated_delta_rule(cu_host, num_heads_v=4, head_dim=128,
+                                                                        segment_chunks=2, exact_split=exact))
+            for exact in (False, True)]
+    for name, fast, exact in zip(GRADIENTS, *runs):
+        assert ref.rel_rms(fast.float(), exact.float()) <= (1e-6 if name == "dh0" else 1e-4), name
+    want = reference_grads((q, k, v, g, beta), initial, d_out, d_final, cu_host, state_layout=layout)
+    for run in runs:
+        assert_close_to_reference(run, want)
+
+
 def _loss(q, k, v, g, beta, initial, d_out, d_final, cu, plan, layout):
     o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, cu_seqlens=cu,
                                       use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan)

@@ -38,8 +38,11 @@ __device__ __forceinline__ bool plan_refused(const void* cu_seqlens, long long c
 // from which head_v's gates to the segment's end sum below `negligible`, or -1 where there is none (always
 // when negligible is -inf). What the state before that chunk passes to the segment's end is then below fp32
 // rounding. Walked back from the end kThreads chunks a step, a chunk a thread; `scratch` holds 2 kThreads / 32
-// floats no one else uses yet. Every thread returns the same chunk (they read the same sums).
-template <int kThreads>
+// floats no one else uses yet. Every thread returns the same chunk (they read the same sums). kFromStart, for the
+// backward's reverse recurrence: the mirror, the first chunk up to which (itself included) the gates from the
+// segment's start sum below `negligible`; what the state gradient after it passes to the segment's start is then
+// below fp32 rounding.
+template <int kThreads, bool kFromStart = false>
 __device__ __forceinline__ int negligible_since(const float* gamma_log2, int first_chunk, int chunks, int heads_v,
                                                  int head_v, float negligible, float* scratch) {
     constexpr int kWarps = kThreads / 32;
@@ -48,7 +51,8 @@ __device__ __forceinline__ int negligible_since(const float* gamma_log2, int fir
     float running = 0.f;  // the gates of the chunks after this step's
     for (int top = chunks; top > 0; top -= kThreads) {  // chunks [top - kThreads, top)
         const int chunk = top - kThreads + static_cast<int>(threadIdx.x);
-        float suffix = chunk >= 0 ? kLn2 * gamma_log2[(static_cast<long long>(first_chunk + chunk) * heads_v + head_v) * kChunk + kChunk - 1] : 0.f;
+        const int at = kFromStart ? chunks - 1 - chunk : chunk;  // the walk's chunks, mirrored for kFromStart
+        float suffix = chunk >= 0 ? kLn2 * gamma_log2[(static_cast<long long>(first_chunk + at) * heads_v + head_v) * kChunk + kChunk - 1] : 0.f;
         // The sum from this chunk to the step's end: later chunks are higher lanes, then higher warps.
 #pragma unroll
         for (int offset = 1; offset < 32; offset *= 2) {
@@ -71,7 +75,7 @@ __device__ __forceinline__ int negligible_since(const float* gamma_log2, int fir
             if (scratch[kWarps + w] >= 0.f) found = top - kThreads + 32 * w + static_cast<int>(scratch[kWarps + w]);
         }
         __syncthreads();  // scratch is rewritten by the next step
-        if (found >= 0) return found;
+        if (found >= 0) return kFromStart ? chunks - 1 - found : found;
         running += step;
     }
     return -1;

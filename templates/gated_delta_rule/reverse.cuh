@@ -18,7 +18,10 @@
 // the dO, and writes it to the segment's start slot. gated_delta_rule_chunk_chain walks each sequence's summaries
 // from its last segment back (reverse_order), from d_final_state, writing each segment's end dS' to its summary
 // slot; gated_delta_rule_chunk_reverse then runs every segment from its exact end, and the sequence's first
-// segment writes the gradient of the initial state.
+// segment writes the gradient of the initial state. The forward's decay-bounded shortcut, turned around: where the
+// gates from the segment's start to some chunk sum below negligible_log_decay, what the dS' after that chunk
+// passes to the start is below fp32 rounding, so M is 0 (flagged for the chain, never computed) and h runs only
+// the chunks up to it.
 //
 // Config as for recurrence.cuh. Needs common/ numeric, smem, swizzle, mma, cp_async and wgmma (widths
 // kSliceV, 64 and kHeadDim); gated_delta_rule/tiles.cuh and recurrence.cuh (segment rows, state_at).
@@ -61,16 +64,19 @@ struct Reverse {
                                                const T* __restrict__ tbeta, const T* __restrict__ d_out,
                                                const float* __restrict__ d_final_state, const void* __restrict__ cu_seqlens,
                                                long long cu_seqlens_is_int64, const int* __restrict__ segments,
-                                               const float* __restrict__ end_states, float* __restrict__ summary,
+                                               const float* __restrict__ gamma_log2, const float* __restrict__ end_states,
+                                               float* __restrict__ summary, int* __restrict__ negligible_summaries,
                                                T* __restrict__ d_states, float* __restrict__ d_initial_state,
-                                               long long num_heads, long long num_heads_v, float scale) {
+                                               long long num_heads, long long num_heads_v, float scale,
+                                               float negligible_log_decay) {
         extern __shared__ unsigned char smem_bytes[];
         Shared& smem = *reinterpret_cast<Shared*>(kgen::align_up<kgen::kSwizzleAlignment>(smem_bytes));
         const int* const segment = segments + kSegmentFields * blockIdx.z;
         if (kSummary && segment[kStartSlot] < 0) return;  // a sequence's first segment: the chain ends there
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int sequence = segment[kSequence], end_token = segment[kEndToken], start_token = segment[kSequenceStart];
-        const int first_chunk = segment[kFirstChunk], chunks = segment[kChunks], first_token = segment[kFirstToken];
+        const int first_chunk = segment[kFirstChunk], first_token = segment[kFirstToken];
+        int chunks = segment[kChunks];
         const int heads_v = static_cast<int>(num_heads_v), head_v = blockIdx.y;
         const int head = head_v / (heads_v / static_cast<int>(num_heads));
         // The slice's first augmented column (summary) or value column; M's columns carry no dO.
@@ -80,6 +86,17 @@ struct Reverse {
         const long long qk_stride = num_heads * kHeadDim, v_stride = static_cast<long long>(heads_v) * kHeadDim;
         auto token_of = [&](int c) { return first_token + c * kChunk; };  // a segment starts on a chunk boundary
 
+        if (kSummary) {  // the shortcut (negligible_log_decay = -inf: never); dVn's tile is not in use yet
+            const int until = negligible_since<kThreads, true>(gamma_log2, first_chunk, chunks, heads_v, head_v,
+                                                               negligible_log_decay, reinterpret_cast<float*>(smem.d_vn));
+            const bool negligible = until >= 0;
+            // The chain skips a negligible M instead of reading it: one flag per summary, from its first block.
+            if (blockIdx.x == 0 && threadIdx.x == 0) {
+                negligible_summaries[static_cast<long long>(segment[kStartSlot]) * heads_v + head_v] = negligible;
+            }
+            if (negligible && !carries_d_out) return;
+            if (negligible) chunks = until + 1;
+        }
         if (!carries_d_out) {  // dO = 0 for M's columns: its tiles are zeroed once and never loaded
             for (int i = threadIdx.x; i < kChunk * kSliceV; i += kThreads) {
                 smem.chunk[0].d_out[i] = kgen::from_f32<T>(0.f), smem.chunk[1].d_out[i] = kgen::from_f32<T>(0.f);

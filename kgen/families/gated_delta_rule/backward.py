@@ -7,7 +7,7 @@ The forward keeps nothing but its inputs (as FlashQLA's). The backward
    writing every chunk's dS'^T (16-bit) and the gradient of the initial state. Split sequences run their segments
    at once, as in the forward: ``gated_delta_rule_chunk_reverse_summary`` maps each segment but the first of its
    sequence to dS = M dS' + h, and ``gated_delta_rule_chunk_chain`` walks them from the sequence's end into every
-   segment's exact end dS' (no decay-bounded shortcut yet: every M is applied);
+   segment's exact end dS' (with the forward's decay-bounded shortcut, unless the plan is exact_split);
 3. takes every chunk's dq, dk, dv, dg and dbeta from them: by default with :mod:`.local_grads` (batched torch
    products in fp32 over slices of chunks); with ``per_chunk="kernel"`` by ``gated_delta_rule_chunk_grads``, a
    block per (chunk, v-head), everything in shared memory: 5.4x faster, but its dg missed the 1e-2 bar on one
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from kgen.families.gated_delta_rule.chunk import checked_inputs, kernels_for_plan, on_device, run_forward
+from kgen.families.gated_delta_rule.planner import NEGLIGIBLE_LOG_DECAY
 from kgen.families.gated_delta_rule.local_grads import chunk_grads, chunk_terms
 from kgen.runtime.checks import check_dense_rows, check_shape, check_tensor
 
@@ -94,26 +95,30 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
     d_states = torch.empty_like(states)
     d_initial = None if initial_state is None else torch.empty_like(initial_state)
     kernels = kernels_for_plan(plan, q, state_layout)
-    tbeta = run_forward(plan, q_in, k_in, v, g, beta, cu_seqlens, initial_state, states, None, scale, state_layout,
+    tbeta, gamma_log2 = run_forward(plan, q_in, k_in, v, g, beta, cu_seqlens, initial_state, states, None, scale, state_layout,
                         False, states=True)
     chunks, segments, _, chains = plan.tables.on(q.device)
     reverse = {"q": q_in.data_ptr(), "k": k_in.data_ptr(), "g": g.data_ptr(), "tbeta": tbeta.data_ptr(),
                "d_out": d_out.data_ptr(), "d_final_state": 0 if d_final_state is None else d_final_state.data_ptr(),
                "cu_seqlens": 0 if cu_seqlens is None else cu_seqlens.data_ptr(),
                "cu_seqlens_is_int64": int(cu_seqlens is not None and cu_seqlens.dtype is torch.int64),
-               "segments": segments.data_ptr(), "end_states": 0, "summary": 0, "d_states": d_states.data_ptr(),
+               "segments": segments.data_ptr(), "gamma_log2": gamma_log2.data_ptr(), "end_states": 0, "summary": 0,
+               "negligible_summaries": 0, "d_states": d_states.data_ptr(),
                "d_initial_state": 0 if d_initial is None else d_initial.data_ptr(), "num_heads": heads,
-               "num_heads_v": heads_v, "scale": np.float32(scale)}
+               "num_heads_v": heads_v, "scale": np.float32(scale),
+               "negligible_log_decay": np.float32(-np.inf if plan.exact_split else NEGLIGIBLE_LOG_DECAY)}
     if plan.num_summaries:
         # The forward's slots, walked back: segment j's summary goes to its start slot, and the chain writes its
         # end dS' to its summary slot.
         summaries = q.new_empty((plan.num_summaries, heads_v, head_dim, 2 * head_dim), dtype=torch.float32)
         ends = q.new_empty((plan.num_summaries, heads_v, head_dim, head_dim), dtype=torch.float32)
-        none_negligible = torch.zeros((plan.num_summaries, heads_v), device=q.device, dtype=torch.int32)
+        negligible = q.new_empty((plan.num_summaries, heads_v), dtype=torch.int32)
         kernels.reverse_summary.launch((2 * head_dim // plan.value_slice, heads_v, len(plan.segments)),
-                                       **{**reverse, "summary": summaries.data_ptr(), "d_states": 0, "d_initial_state": 0})
+                                       **{**reverse, "summary": summaries.data_ptr(),
+                                          "negligible_summaries": negligible.data_ptr(), "d_states": 0,
+                                          "d_initial_state": 0})
         kernels.chain.launch((head_dim // kernels.chain_columns, heads_v, len(plan.chains)), summary=summaries.data_ptr(),
-                             negligible_summaries=none_negligible.data_ptr(), initial_state=reverse["d_final_state"],
+                             negligible_summaries=negligible.data_ptr(), initial_state=reverse["d_final_state"],
                              start_states=ends.data_ptr(), chains=chains.data_ptr(), num_heads_v=heads_v,
                              reverse_order=1)
         reverse["end_states"] = ends.data_ptr()

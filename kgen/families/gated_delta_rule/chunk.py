@@ -228,8 +228,9 @@ def kernels_for_plan(plan: ChunkGatedDeltaRulePlan, q: torch.Tensor, state_layou
 
 
 def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
-                use_qk_l2norm_in_kernel, states: bool = False) -> torch.Tensor:
-    """The forward's kernels on checked inputs, on q's device (the current one); returns Tbeta. With ``states``
+                use_qk_l2norm_in_kernel, states: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's kernels on checked inputs, on q's device (the current one); returns the KKT kernel's Tbeta and
+    gate cumsums (log2 units, [chunk, HV, token]), which the backward reads again. With ``states``
     (the backward's recompute) ``out`` is [chunks, HV, V, K] in q's dtype and receives S^T before every chunk."""
     device = q.device
     heads, head_dim, heads_v = q.shape[2], q.shape[3], v.shape[2]
@@ -292,4 +293,4 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
         kernels.recurrence.launch((1, heads_v, len(plan.segments)), **forward)  # a block covers the head dim
     else:
         kernels.recurrence_slice.launch((head_dim // slice_v, heads_v, len(plan.segments)), **forward)
-    return tbeta
+    return tbeta, gamma_log2

@@ -40,8 +40,9 @@ _GDN_RECURRENCE_PARAMETERS = parameters(
     "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm, float negligible_log_decay")
 _GDN_REVERSE_PARAMETERS = parameters(
     "const T* q, const T* k, const float* g, const T* tbeta, const T* d_out, const float* d_final_state, "
-    "const void* cu_seqlens, long long cu_seqlens_is_int64, const int* segments, const float* end_states, "
-    "float* summary, T* d_states, float* d_initial_state, long long num_heads, long long num_heads_v, float scale")
+    "const void* cu_seqlens, long long cu_seqlens_is_int64, const int* segments, const float* gamma_log2, "
+    "const float* end_states, float* summary, int* negligible_summaries, T* d_states, float* d_initial_state, "
+    "long long num_heads, long long num_heads_v, float scale, float negligible_log_decay")
 _GDN_GRADS_PARAMETERS = parameters(
     "const T* q, const T* k, const T* v, const float* g, const void* beta, long long beta_is_fp32, const int* chunks, "
     "const T* tbeta, const T* states, const T* d_states, const T* d_out, float* dq, float* dk, T* dv, float* dg, "
