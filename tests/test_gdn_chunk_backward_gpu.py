@@ -145,6 +145,31 @@ def test_the_backward_shortcut_equals_the_exact_split(layout):
         assert_close_to_reference(run, want)
 
 
+@pytest.mark.parametrize("segment_chunks, gate, until", [(8, -0.05, 5), (200, -17 / 150.5 / 64, 150)])
+def test_each_reverse_summary_stops_where_its_gates_fall_below_the_bound(segment_chunks, gate, until):
+    # One sequence of two segments, every gate `gate`: the gates from the second segment's start first sum below -17
+    # at its chunk `until` (margins of half a chunk's sum either side), so its summary runs chunks [0, until] alone
+    # (the second case in the walk's second step of 128 chunks). A NaN in dO reaches the initial state's gradient
+    # only through that summary, so only if the summary ran the NaN's chunk: with the shortcut at `until`, not at
+    # `until + 1`; with exact_split at both.
+    lengths = [2 * segment_chunks * 64]
+    cu_host = [0, lengths[0]]
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    inputs, initial, d_out, d_final = make_case(lengths, 1, 1, 128, torch.bfloat16, False, True, True, True, "kv", 35)
+    q, k, v, _, beta = inputs
+    g = torch.full((1, lengths[0], 1), gate, device="cuda")
+    for nan_chunk, exact, finite in ((until + 1, False, True), (until, False, False), (until + 1, True, False)):
+        poisoned = d_out.clone()
+        first = (segment_chunks + nan_chunk) * 64
+        poisoned[:, first:first + 64] = float("nan")
+        plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=1, head_dim=128, segment_chunks=segment_chunks,
+                                           exact_split=exact)
+        assert len(plan.segments) == 2
+        d_initial = chunk_gated_delta_rule_bwd(q, k, v, g, beta, poisoned, initial_state=initial, d_final_state=d_final,
+                                               cu_seqlens=cu, plan=plan)[5]
+        assert bool(torch.isfinite(d_initial).all()) is finite, (nan_chunk, exact)
+
+
 def _loss(q, k, v, g, beta, initial, d_out, d_final, cu, plan, layout):
     o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=True, cu_seqlens=cu,
                                       use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan)

@@ -264,11 +264,23 @@ struct WgmmaKernel {
         const float sink_log2 = args.sink != nullptr ? args.sink[tile.head] * kLog2e : -inf();
         float* const lse_head = args.lse + tile.head * args.lse_stride_h + tile.q_start;
         // O goes through shared memory: into the Q buffer, whose last reader (this group's last S) is
-        // done, each group writing only its own rows.
+        // done, each warp writing only its own 16 rows (those past the sequence too: they are never copied out).
+        // One stmatrix stores two column blocks of both of a thread's rows: matrices (rows, column block) (r, db),
+        // (r + 8, db), (r, db + 1), (r + 8, db + 1), lane 8 m + j addressing row j of matrix m.
         unsigned char* const o_tile = smem_raw + (s_q - smem_addr(smem_raw));
-        write_output<T, kHasIncompleteTile>(state, lse_head, tile.lq, sink_log2, quad_col, row_of, [&](int row, int db, unsigned pair) {
-            *reinterpret_cast<unsigned*>(o_tile + attention::chunk_offset<QTile>(row - tile.row0, db) + 4 * quad_col) = pair;
-        });
+        const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
+        normalise_output<kHasIncompleteTile>(state, lse_head, tile.lq, sink_log2, quad_col, row_of);
+        {
+            static_assert(kHeadDim % 16 == 0, "attention_prefill: O is stored two 8-column blocks at a time");
+            const int matrix = lane / 8, matrix_row = warp_row0 + lane % 8 + 8 * (matrix % 2);
+            const float (&o)[kHeadDim / 8][4] = state.o[0];
+#pragma unroll
+            for (int db = 0; db < kHeadDim / 8; db += 2) {
+                const unsigned pairs[4] = {pack2<T>(o[db][0], o[db][1]), pack2<T>(o[db][2], o[db][3]),
+                                           pack2<T>(o[db + 1][0], o[db + 1][1]), pack2<T>(o[db + 1][2], o[db + 1][3])};
+                stmatrix_x4(s_q + attention::chunk_offset<QTile>(matrix_row, db + matrix / 2), pairs);
+            }
+        }
         if (!kHasIncompleteTile || tile.row0 + kTileM <= tile.lq) {
             // A full tile: out by one TMA store per column block, once every consumer has written its rows.
             fence_proxy_async_shared();  // the TMA store reads through the async proxy
@@ -286,7 +298,6 @@ struct WgmmaKernel {
         // An incomplete tile: each warp copies out the rows it wrote (16 from warp_row0), those inside the
         // sequence only, 16 bytes a lane at a time.
         __syncwarp();
-        const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
         const int rows = min(16, tile.lq - tile.row0 - warp_row0);
         T* const out_rows = args.out + static_cast<long long>(tile.q_start + tile.row0 + warp_row0) * args.o_stride_t +
                             tile.head * args.o_stride_h;

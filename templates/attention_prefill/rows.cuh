@@ -103,13 +103,11 @@ __device__ __forceinline__ void mask_scores(float (&s)[kRowBlocks][kBlocksN][4],
     }
 }
 
-// Fold in the sink, normalise, and store O (as T) and the natural-log LSE of the rows inside the
-// sequence (all rows without kHasIncompleteTile). store_pair(row, db, pair) puts the thread's two
-// packed elements of row `row` (of the sequence) and column block db (8 columns, the pair at
-// 2 * quad_col) where O goes: global memory, or a shared-memory tile for a TMA store.
-template <class T, bool kHasIncompleteTile, int kRowBlocks, int kHeadDim, class RowOf, class StorePair>
-__device__ __forceinline__ void write_output(const attention::RowState<kRowBlocks, kHeadDim>& state, float* lse_head, int lq,
-                                             float sink_log2, int quad_col, RowOf row_of, StorePair store_pair) {
+// Fold in the sink and normalise O in place, and store the natural-log LSE of the rows inside the sequence (all
+// rows without kHasIncompleteTile). The caller then stores O: each kernel its own way.
+template <bool kHasIncompleteTile, int kRowBlocks, int kHeadDim, class RowOf>
+__device__ __forceinline__ void normalise_output(attention::RowState<kRowBlocks, kHeadDim>& state, float* lse_head, int lq,
+                                                 float sink_log2, int quad_col, RowOf row_of) {
 #pragma unroll
     for (int i = 0; i < 2 * kRowBlocks; ++i) {
         float total = state.sum[i];
@@ -120,14 +118,13 @@ __device__ __forceinline__ void write_output(const attention::RowState<kRowBlock
         // positive, where the fast division is exact to 2 ulp; IEEE division calls a slow path.
         // A NaN denominator (a refused tile's, see TileWork) makes O NaN.
         const float o_scale = fold.denominator <= 0.f ? 0.f : __fdividef(fold.row_weight, fold.denominator);
-        const int row = row_of(i);
-        if (kHasIncompleteTile && row >= lq) continue;
-        const float (&acc)[kHeadDim / 8][4] = state.o[i / 2];
 #pragma unroll
         for (int db = 0; db < kHeadDim / 8; ++db) {
-            store_pair(row, db, pack2<T>(acc[db][2 * (i % 2)] * o_scale, acc[db][2 * (i % 2) + 1] * o_scale));
+            state.o[i / 2][db][2 * (i % 2)] *= o_scale;
+            state.o[i / 2][db][2 * (i % 2) + 1] *= o_scale;
         }
-        if (quad_col == 0) lse_head[row] = fold.natural_lse();
+        const int row = row_of(i);
+        if ((!kHasIncompleteTile || row < lq) && quad_col == 0) lse_head[row] = fold.natural_lse();
     }
 }
 
