@@ -271,7 +271,6 @@ struct WgmmaKernel {
         const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
         normalise_output<kHasIncompleteTile>(state, lse_head, tile.lq, sink_log2, quad_col, row_of);
         {
-            static_assert(kHeadDim % 16 == 0, "attention_prefill: O is stored two 8-column blocks at a time");
             const int matrix = lane / 8, matrix_row = warp_row0 + lane % 8 + 8 * (matrix % 2);
             const float (&o)[kHeadDim / 8][4] = state.o[0];
 #pragma unroll
