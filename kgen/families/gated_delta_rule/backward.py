@@ -95,8 +95,8 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
     d_states = torch.empty_like(states)
     d_initial = None if initial_state is None else torch.empty_like(initial_state)
     kernels = kernels_for_plan(plan, q, state_layout)
-    tbeta, gamma_log2 = run_forward(plan, q_in, k_in, v, g, beta, cu_seqlens, initial_state, states, None, scale, state_layout,
-                        False, states=True)
+    tbeta, gamma_log2 = run_forward(plan, q_in, k_in, v, g, beta, cu_seqlens, initial_state, states, None, scale,
+                                    state_layout, False, states=True)
     chunks, segments, _, chains = plan.tables.on(q.device)
     reverse = {"q": q_in.data_ptr(), "k": k_in.data_ptr(), "g": g.data_ptr(), "tbeta": tbeta.data_ptr(),
                "d_out": d_out.data_ptr(), "d_final_state": 0 if d_final_state is None else d_final_state.data_ptr(),
@@ -117,8 +117,9 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
                                        **{**reverse, "summary": summaries.data_ptr(),
                                           "negligible_summaries": negligible.data_ptr(), "d_states": 0,
                                           "d_initial_state": 0})
-        kernels.chain.launch((head_dim // kernels.chain_columns, heads_v, len(plan.chains)), summary=summaries.data_ptr(),
-                             negligible_summaries=negligible.data_ptr(), initial_state=reverse["d_final_state"],
+        kernels.chain.launch((head_dim // kernels.chain_columns, heads_v, len(plan.chains)),
+                             summary=summaries.data_ptr(), negligible_summaries=negligible.data_ptr(),
+                             initial_state=reverse["d_final_state"],
                              start_states=ends.data_ptr(), chains=chains.data_ptr(), num_heads_v=heads_v,
                              reverse_order=1)
         reverse["end_states"] = ends.data_ptr()
