@@ -107,12 +107,11 @@ def first_call(run: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[fl
 
 
 def timed(case: Case, tensors: tuple[torch.Tensor, ...], run: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-          library: str, first_ms: float | None = None) -> dict[str, Any]:
-    """``{library}_rel_rms``, ``{library}_us`` and ``{library}_first_ms`` of ``run`` (which returns o and the final
-    states); ``first_ms`` where the first call was timed outside, with the plan it made."""
-    own_first_ms, (o, final) = first_call(run)
-    row = {f"{library}_first_ms": own_first_ms if first_ms is None else first_ms,
-           f"{library}_rel_rms": checked_rel_rms(case, tensors, o, final)}
+          library: str, first: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None) -> dict[str, Any]:
+    """``{library}_first_ms``, ``{library}_rel_rms`` and ``{library}_us`` of ``run`` (which returns o and the final
+    states); the first call, timed and checked, is ``first``'s where given (one that also makes the plan)."""
+    first_ms, (o, final) = first_call(first or run)
+    row = {f"{library}_first_ms": first_ms, f"{library}_rel_rms": checked_rel_rms(case, tensors, o, final)}
     del o, final
     torch.cuda.empty_cache()
     row[f"{library}_us"] = 1e3 * time_graph(run, samples=10, replays_per_sample=5)
@@ -133,8 +132,8 @@ def time_kgen(case: Case) -> dict[str, Any]:
         nonlocal plan
         plan = plan_chunk_gated_delta_rule(cu, num_heads_v=case.heads_v, head_dim=HEAD_DIM, device="cuda")
         return run()
-    first_ms, _ = first_call(plan_and_run)
-    return {"segments": len(plan.segments), **timed(case, tensors, run, "kgen", first_ms)}
+    row = timed(case, tensors, run, "kgen", plan_and_run)
+    return {"segments": len(plan.segments), **row}
 
 
 def peer_rows(library: str, cases: list[Case]) -> list[dict[str, Any]]:
