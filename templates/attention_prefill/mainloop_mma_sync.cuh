@@ -174,19 +174,11 @@ struct MmaSyncKernel {
 
         const float sink_log2 = args.sink != nullptr ? args.sink[tile.head] * kLog2e : -inf();
         T* const out_head = args.out + static_cast<long long>(tile.q_start) * args.o_stride_t + tile.head * args.o_stride_h + 2 * quad_col;
-        normalise_output<kHasIncompleteTile>(state, args.lse + tile.head * args.lse_stride_h + tile.q_start, tile.lq, sink_log2,
-                                             quad_col, row_of);
-        // O of the rows inside the sequence, the thread's two elements of each column block at a time.
-#pragma unroll
-        for (int i = 0; i < 2 * kRowBlocks; ++i) {
-            const int row = row_of(i);
-            if (kHasIncompleteTile && row >= tile.lq) continue;
-#pragma unroll
-            for (int db = 0; db < kHeadDim / 8; ++db) {
-                *reinterpret_cast<unsigned*>(out_head + row * args.o_stride_t + db * 8) =
-                    pack2<T>(state.o[i / 2][db][2 * (i % 2)], state.o[i / 2][db][2 * (i % 2) + 1]);
-            }
-        }
+        write_output<T, kHasIncompleteTile>(state, args.lse + tile.head * args.lse_stride_h + tile.q_start, tile.lq, sink_log2,
+                                            quad_col, row_of, [&](int, int row, int db, unsigned pair) {
+                                                if (kHasIncompleteTile && row >= tile.lq) return;  // past the sequence
+                                                *reinterpret_cast<unsigned*>(out_head + row * args.o_stride_t + db * 8) = pair;
+                                            });
     }
 };
 

@@ -50,23 +50,26 @@ struct WgmmaKernel {
                   "attention_prefill: with mma=wgmma, tile_n must be a multiple of 16 up to 256 (whole k16 steps of P V)");
     static_assert(kWarps == kTileM / 16,
                   "attention_prefill: with mma=wgmma, num_warps counts the consumer warps and must be tile_m / 16");
-    static_assert(Config::kMinBlocksPerSm == 1,
-                  "attention_prefill: with mma=wgmma, min_blocks_per_sm must be 1 (setmaxnreg needs one block per SM)");
+    static_assert(Config::kMinBlocksPerSm == 1 || (Config::kMinBlocksPerSm == 2 && kConsumerGroups == 1),
+                  "attention_prefill: with mma=wgmma, min_blocks_per_sm must be 1, or 2 at tile_m 64 (setmaxnreg moves "
+                  "registers inside a block's share of the register file; half of it holds one consumer warpgroup only)");
     static_assert(kSpanBytes == 128,
                   "attention_prefill: with mma=wgmma, head_dim must be at least 64 (128-byte swizzle panels)");
     static_assert(!kCpAsyncTail, "attention_prefill: with mma=wgmma, tail must be tma");
 
-    // Registers per thread after the split: the producer needs few, the consumers hold S, P and O.
+    // Registers per thread after the split: the producer needs few, the consumers hold S, P and O. A block's
+    // warpgroups share its part of the register file (65536 / min_blocks_per_sm): two blocks of one producer and one
+    // consumer warpgroup each start at 128 a thread, and the producer's 104 given back make the consumer's 232.
     static constexpr int kProducerRegisters = kConsumerGroups == 3 ? 32 : 24;
-    static constexpr int kConsumerRegisters = kConsumerGroups == 3 ? 160 : 240;
-    static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * kConsumerRegisters) <= 65536,
-                  "the register budgets exceed the register file");
+    static constexpr int kConsumerRegisters = kConsumerGroups == 3 ? 160 : Config::kMinBlocksPerSm == 2 ? 232 : 240;
+    static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * kConsumerRegisters) <= 65536 / Config::kMinBlocksPerSm,
+                  "the register budgets exceed the block's share of the register file");
     // A consumer thread holds S (tile_n / 2 fp32), P (tile_n / 4) and O (head_dim / 2) for its 64-row
     // group, and about 32 more registers of addresses and row state; past its budget ptxas gives up
     // (or serialises wgmma), so such shapes are refused here with their axes named.
     static_assert(kTileN * 3 / 4 + kHeadDim / 2 + 32 <= kConsumerRegisters,
                   "attention_prefill: with mma=wgmma, tile_n and head_dim are too large for the consumer registers of "
-                  "this tile_m (S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 32 of 240, or of 160 at tile_m 192)");
+                  "this tile_m (S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 32 of 240, 232 at two blocks an SM, or 160 at tile_m 192)");
     static constexpr int kConsumerWarps = kConsumerThreads / 32;
     static constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads')
     // Pingpong (two consumer warpgroups, head dims up to 128, as FlashAttention-3): the groups
@@ -269,16 +272,14 @@ struct WgmmaKernel {
         // (r + 8, db), (r, db + 1), (r + 8, db + 1), lane 8 m + j addressing row j of matrix m.
         unsigned char* const o_tile = smem_raw + (s_q - smem_addr(smem_raw));
         const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
-        normalise_output<kHasIncompleteTile>(state, lse_head, tile.lq, sink_log2, quad_col, row_of);
-        {
-            const int matrix = lane / 8, matrix_row = warp_row0 + lane % 8 + 8 * (matrix % 2);
-            const float (&o)[kHeadDim / 8][4] = state.o[0];
+        unsigned pairs[2][kHeadDim / 8];  // [row i][column block]: the thread's packed elements, for stmatrix
+        write_output<T, kHasIncompleteTile>(state, lse_head, tile.lq, sink_log2, quad_col, row_of,
+                                            [&](int i, int, int db, unsigned pair) { pairs[i][db] = pair; });
+        const int matrix = lane / 8, matrix_row = warp_row0 + lane % 8 + 8 * (matrix % 2);
 #pragma unroll
-            for (int db = 0; db < kHeadDim / 8; db += 2) {
-                const unsigned pairs[4] = {pack2<T>(o[db][0], o[db][1]), pack2<T>(o[db][2], o[db][3]),
-                                           pack2<T>(o[db + 1][0], o[db + 1][1]), pack2<T>(o[db + 1][2], o[db + 1][3])};
-                stmatrix_x4(s_q + attention::chunk_offset<QTile>(matrix_row, db + matrix / 2), pairs);
-            }
+        for (int db = 0; db < kHeadDim / 8; db += 2) {
+            const unsigned four[4] = {pairs[0][db], pairs[1][db], pairs[0][db + 1], pairs[1][db + 1]};
+            stmatrix_x4(s_q + attention::chunk_offset<QTile>(matrix_row, db + matrix / 2), four);
         }
         if (!kHasIncompleteTile || tile.row0 + kTileM <= tile.lq) {
             // A full tile: out by one TMA store per column block, once every consumer has written its rows.

@@ -103,11 +103,15 @@ __device__ __forceinline__ void mask_scores(float (&s)[kRowBlocks][kBlocksN][4],
     }
 }
 
-// Fold in the sink and normalise O in place, and store the natural-log LSE of the rows inside the sequence (all
-// rows without kHasIncompleteTile). The caller then stores O: each kernel its own way.
-template <bool kHasIncompleteTile, int kRowBlocks, int kHeadDim, class RowOf>
-__device__ __forceinline__ void normalise_output(attention::RowState<kRowBlocks, kHeadDim>& state, float* lse_head, int lq,
-                                                 float sink_log2, int quad_col, RowOf row_of) {
+// Fold in the sink, normalise, and store O (as T) and the natural-log LSE of the rows inside the sequence (all rows
+// without kHasIncompleteTile). store_pair(i, row, db, pair) puts the thread's two packed elements of its row i (row
+// `row` of the sequence) and column block db (8 columns, the pair at 2 * quad_col) where O goes, and is called for
+// rows past the sequence too: the mma.sync kernel skips them, the wgmma kernel stages every row in shared memory.
+// Storing O inside the normalising loop keeps each row's products and stores together (normalising all of O in
+// place first made the mma.sync kernel 3-4% slower at seed 000's L = 64 and 129: bench/NOTES.md).
+template <class T, bool kHasIncompleteTile, int kRowBlocks, int kHeadDim, class RowOf, class StorePair>
+__device__ __forceinline__ void write_output(const attention::RowState<kRowBlocks, kHeadDim>& state, float* lse_head, int lq,
+                                             float sink_log2, int quad_col, RowOf row_of, StorePair store_pair) {
 #pragma unroll
     for (int i = 0; i < 2 * kRowBlocks; ++i) {
         float total = state.sum[i];
@@ -118,12 +122,12 @@ __device__ __forceinline__ void normalise_output(attention::RowState<kRowBlocks,
         // positive, where the fast division is exact to 2 ulp; IEEE division calls a slow path.
         // A NaN denominator (a refused tile's, see TileWork) makes O NaN.
         const float o_scale = fold.denominator <= 0.f ? 0.f : __fdividef(fold.row_weight, fold.denominator);
+        const int row = row_of(i);
+        const float (&acc)[kHeadDim / 8][4] = state.o[i / 2];
 #pragma unroll
         for (int db = 0; db < kHeadDim / 8; ++db) {
-            state.o[i / 2][db][2 * (i % 2)] *= o_scale;
-            state.o[i / 2][db][2 * (i % 2) + 1] *= o_scale;
+            store_pair(i, row, db, pack2<T>(acc[db][2 * (i % 2)] * o_scale, acc[db][2 * (i % 2) + 1] * o_scale));
         }
-        const int row = row_of(i);
         if ((!kHasIncompleteTile || row < lq) && quad_col == 0) lse_head[row] = fold.natural_lse();
     }
 }
