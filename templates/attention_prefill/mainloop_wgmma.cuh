@@ -67,6 +67,12 @@ struct WgmmaKernel {
     // A consumer thread holds S (tile_n / 2 fp32), P (tile_n / 4) and O (head_dim / 2) for its 64-row
     // group, and about 32 more registers of addresses and row state; past its budget ptxas gives up
     // (or serialises wgmma), so such shapes are refused here with their axes named.
+    // At two blocks an SM ptxas also compiles the consumers' products within the 128 registers a thread starts
+    // with: head dim 256 failed to compile there ("insufficient registers (128) to compile instruction"), so such
+    // shapes are refused here, before ptxas.
+    static_assert(Config::kMinBlocksPerSm == 1 || kTileN * 3 / 4 + kHeadDim / 2 + 16 <= 128,
+                  "attention_prefill: with mma=wgmma at min_blocks_per_sm 2, tile_n and head_dim are too large: S, P and O "
+                  "of 64 rows need 3/4 tile_n + head_dim / 2 + 16 of the 128 registers a thread starts with");
     static_assert(kTileN * 3 / 4 + kHeadDim / 2 + 32 <= kConsumerRegisters,
                   "attention_prefill: with mma=wgmma, tile_n and head_dim are too large for the consumer registers of "
                   "this tile_m (S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 32 of 240, 232 at two blocks an SM, or 160 at tile_m 192)");
