@@ -8,6 +8,10 @@
 // Each consumer issues S of key tile j before it waits for P V of tile j - 1, so the
 // softmax of tile j runs while the tensor cores add tile j - 1.
 //
+// At three or more blocks an SM (tile_m 64 only) a block is one warpgroup and no producer: its first thread
+// issues the loads, and K and V have one buffer each, refilled once every warp is done with it. Short items then
+// overlap across blocks, not inside one (docs/prefill_short_sequences.md, step 2b).
+//
 // Config: T, kHeadDim, kTileM, kTileN, kWarps, kMinBlocksPerSm, kHasIncompleteTile, kCpAsyncTail
 // and kTmaTail (incomplete tiles load by cp.async, or as whole TMA boxes); kernel.cu.j2 defines it.
 // Needs common/ numeric, smem, swizzle, lse_merge, tma, wgmma (with widths tile_n and head_dim)
@@ -23,10 +27,12 @@ struct WgmmaKernel {
     static constexpr bool kHasIncompleteTile = Config::kHasIncompleteTile;
     static constexpr bool kCpAsyncTail = Config::kCpAsyncTail, kTmaTail = Config::kTmaTail;
     // One producer warpgroup (TMA) and tile_m / 64 consumer warpgroups, each consumer warp
-    // owning 16 query rows; num_warps counts the consumer warps.
+    // owning 16 query rows; num_warps counts the consumer warps. From three blocks an SM, no producer.
+    static constexpr bool kSingleWarpgroup = Config::kMinBlocksPerSm >= 3;
     static constexpr int kConsumerGroups = kTileM / 64;
     static constexpr int kConsumerThreads = kConsumerGroups * kWarpgroupThreads;
-    static constexpr int kThreads = kConsumerThreads + kWarpgroupThreads;
+    static constexpr int kThreads = kConsumerThreads + (kSingleWarpgroup ? 0 : kWarpgroupThreads);
+    static constexpr int kKVBuffers = kSingleWarpgroup ? 1 : 2;  // of K, and of V
 
     using QTile = attention::Tile<T, kHeadDim, kTileM>;
     using KVTile = attention::Tile<T, kHeadDim, kTileN>;
@@ -36,7 +42,7 @@ struct WgmmaKernel {
     // Full and empty mbarriers for two K and two V buffers, and Q's: 8 bytes each.
     static constexpr int kBarrierBytes = 128;
     static_assert(9 * 8 <= kBarrierBytes, "room for nine mbarriers");
-    using Smem = SharedMemory<QTile, KVTile, kBarrierBytes>;
+    using Smem = SharedMemory<QTile, KVTile, kBarrierBytes, kKVBuffers>;
     static constexpr int kDynamicSmemBytes = Smem::kDynamicBytes;
     // A consumer warpgroup's 64 rows: one row block of the softmax's fragments per warp.
     using RowState = attention::RowState<1, kHeadDim>;
@@ -50,9 +56,9 @@ struct WgmmaKernel {
                   "attention_prefill: with mma=wgmma, tile_n must be a multiple of 16 up to 256 (whole k16 steps of P V)");
     static_assert(kWarps == kTileM / 16,
                   "attention_prefill: with mma=wgmma, num_warps counts the consumer warps and must be tile_m / 16");
-    static_assert(Config::kMinBlocksPerSm == 1 || (Config::kMinBlocksPerSm == 2 && kConsumerGroups == 1),
-                  "attention_prefill: with mma=wgmma, min_blocks_per_sm must be 1, or 2 at tile_m 64 (setmaxnreg moves "
-                  "registers inside a block's share of the register file; half of it holds one consumer warpgroup only)");
+    static_assert(Config::kMinBlocksPerSm == 1 || kConsumerGroups == 1,
+                  "attention_prefill: with mma=wgmma, min_blocks_per_sm above 1 needs tile_m 64 (one consumer warpgroup: "
+                  "two blocks' halves of the register file hold one each, and from three blocks there is no producer)");
     static_assert(kSpanBytes == 128,
                   "attention_prefill: with mma=wgmma, head_dim must be at least 64 (128-byte swizzle panels)");
     static_assert(!kCpAsyncTail, "attention_prefill: with mma=wgmma, tail must be tma");
@@ -62,17 +68,21 @@ struct WgmmaKernel {
     // consumer warpgroup each start at 128 a thread, and the producer's 104 given back make the consumer's 232.
     static constexpr int kProducerRegisters = kConsumerGroups == 3 ? 32 : 24;
     static constexpr int kConsumerRegisters = kConsumerGroups == 3 ? 160 : Config::kMinBlocksPerSm == 2 ? 232 : 240;
-    static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * kConsumerRegisters) <= 65536 / Config::kMinBlocksPerSm,
+    static_assert(kSingleWarpgroup ||
+                      kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * kConsumerRegisters) <= 65536 / Config::kMinBlocksPerSm,
                   "the register budgets exceed the block's share of the register file");
     // A consumer thread holds S (tile_n / 2 fp32), P (tile_n / 4) and O (head_dim / 2) for its 64-row
     // group, and about 32 more registers of addresses and row state; past its budget ptxas gives up
     // (or serialises wgmma), so such shapes are refused here with their axes named.
-    // At two blocks an SM ptxas also compiles the consumers' products within the 128 registers a thread starts
-    // with: head dim 256 failed to compile there ("insufficient registers (128) to compile instruction"), so such
-    // shapes are refused here, before ptxas.
-    static_assert(Config::kMinBlocksPerSm == 1 || kTileN * 3 / 4 + kHeadDim / 2 + 16 <= 128,
-                  "attention_prefill: with mma=wgmma at min_blocks_per_sm 2, tile_n and head_dim are too large: S, P and O "
-                  "of 64 rows need 3/4 tile_n + head_dim / 2 + 16 of the 128 registers a thread starts with");
+    // Above one block an SM ptxas compiles the consumers' products within the registers a thread starts with
+    // (65536 over the block's threads and blocks, in eights): head dim 256 at two blocks failed to compile ("insufficient
+    // registers (128) to compile instruction"), and a single warpgroup at four blocks serialised its wgmma, so such
+    // shapes are refused here, before ptxas. A single warpgroup also holds the loads' addresses: 32 beside S, P and O.
+    static constexpr int kStartRegisters = 65536 / (kThreads * Config::kMinBlocksPerSm) / 8 * 8;
+    static_assert(Config::kMinBlocksPerSm == 1 || kTileN * 3 / 4 + kHeadDim / 2 + (kSingleWarpgroup ? 32 : 16) <= kStartRegisters,
+                  "attention_prefill: with mma=wgmma above one block an SM, tile_n, head_dim or min_blocks_per_sm is too "
+                  "large: S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 16 (32 from three blocks) of the registers "
+                  "a thread starts with (65536 / (threads x min_blocks_per_sm))");
     static_assert(kTileN * 3 / 4 + kHeadDim / 2 + 32 <= kConsumerRegisters,
                   "attention_prefill: with mma=wgmma, tile_n and head_dim are too large for the consumer registers of "
                   "this tile_m (S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 32 of 240, 232 at two blocks an SM, or 160 at tile_m 192)");
@@ -145,6 +155,13 @@ struct WgmmaKernel {
         fence_operands(p[0]);
     }
 
+    // A key tile (K's or V's rows from first_key) into a buffer by TMA, its bytes counted on the buffer's full barrier.
+    __device__ static __forceinline__ void load_key_tile(unsigned buffer, const TmaDescriptor& map, int first_key, int kv_head,
+                                                         unsigned full, unsigned long long policy) {
+        mbarrier_arrive_expect_tx(full, kKVTileBytes);
+        attention::load_tile_tma<KVTile>(buffer, map, first_key, kv_head, full, policy);
+    }
+
     // Args: the kernel's arguments by name (kernel.cu.j2 renders them from the host's contract).
     template <class Args>
     __device__ static __forceinline__ void run(const Args& args) {
@@ -153,11 +170,13 @@ struct WgmmaKernel {
         const unsigned s_q = smem.q, s_k = smem.k, s_v = smem.v;  // K and V: two stages each
         const Barriers bars{smem.barriers};
         if (threadIdx.x == 0) {
-            for (int stage = 0; stage < 2; ++stage) {
+            for (int stage = 0; stage < kKVBuffers; ++stage) {
                 mbarrier_init(bars.k_full(stage), 1);
                 mbarrier_init(bars.v_full(stage), 1);
-                mbarrier_init(bars.k_empty(stage), kConsumerWarps);
-                mbarrier_init(bars.v_empty(stage), kConsumerWarps);
+                if constexpr (!kSingleWarpgroup) {
+                    mbarrier_init(bars.k_empty(stage), kConsumerWarps);
+                    mbarrier_init(bars.v_empty(stage), kConsumerWarps);
+                }
             }
             mbarrier_init(bars.q_full(), 1);
             mbarrier_init_fence();
@@ -168,8 +187,9 @@ struct WgmmaKernel {
                                                                              args.heads_per_kv, args.window_left, args.window_right);
         const int num_tiles = max(tile.n_end - tile.n_begin, 0);
         const int warp = warp_index(), lane = threadIdx.x % 32;
+        auto first_key = [&](int i) { return tile.k_start + (tile.n_begin + i) * kTileN; };  // of the run's key tile i
 
-        if (warp < 4) {
+        if (!kSingleWarpgroup && warp < 4) {
             // ---- Producer: one thread loads Q once and K/V tile by tile, as the consumers free stages. ----
             release_registers<kProducerRegisters>();
             if (threadIdx.x == 0 && num_tiles > 0) {
@@ -177,24 +197,20 @@ struct WgmmaKernel {
                 mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
                 attention::load_tile_tma<QTile>(s_q, args.map_q, tile.q_start + tile.row0, tile.head, bars.q_full(), read_once);
                 for (int i = 0; i < num_tiles; ++i) {
-                    const int stage = stage_of(i), first_key = tile.k_start + (tile.n_begin + i) * kTileN;
+                    const int stage = stage_of(i);
                     // A fresh barrier's previous phase counts as complete, so the first pass does not wait.
                     mbarrier_wait(bars.k_empty(stage), parity_of(i) ^ 1);
-                    mbarrier_arrive_expect_tx(bars.k_full(stage), kKVTileBytes);
-                    attention::load_tile_tma<KVTile>(s_k + stage * kKVTileBytes, args.map_k, first_key, tile.kv_head, bars.k_full(stage),
-                                                     read_again);
+                    load_key_tile(s_k + stage * kKVTileBytes, args.map_k, first_key(i), tile.kv_head, bars.k_full(stage), read_again);
                     mbarrier_wait(bars.v_empty(stage), parity_of(i) ^ 1);
-                    mbarrier_arrive_expect_tx(bars.v_full(stage), kKVTileBytes);
-                    attention::load_tile_tma<KVTile>(s_v + stage * kKVTileBytes, args.map_v, first_key, tile.kv_head, bars.v_full(stage),
-                                                     read_again);
+                    load_key_tile(s_v + stage * kKVTileBytes, args.map_v, first_key(i), tile.kv_head, bars.v_full(stage), read_again);
                 }
             }
             return;
         }
 
         // ---- Consumers ----
-        claim_registers<kConsumerRegisters>();
-        const int consumer_thread = threadIdx.x - kWarpgroupThreads;
+        if constexpr (!kSingleWarpgroup) claim_registers<kConsumerRegisters>();
+        const int consumer_thread = threadIdx.x - (kSingleWarpgroup ? 0 : kWarpgroupThreads);
         const int group = consumer_thread / kWarpgroupThreads;
         const int quad_row = lane / 4, quad_col = lane % 4;
         // This thread's rows: thread_row0 and 8 below it (wgmma's accumulator layout).
@@ -213,8 +229,61 @@ struct WgmmaKernel {
         auto mask_if_crossing = [&](Scores& s, int key0) {
             if (tile.crosses_boundary(key0)) mask_scores(s, tile.mask, key0, thread_row0, quad_col);
         };
+        // Only a sequence's last key tile can be incomplete, and it is the run's last: the rows of its V buffer past
+        // the sequence (TMA loaded the whole box) are cleared before P V reads them.
+        auto clear_values_past_end = [&](unsigned v_buffer, int key0) {
+            if constexpr (kTmaTail) {
+                if (key0 + kTileN > tile.lk) {
+                    unsigned char* const v_tile = smem_raw + (v_buffer - smem_addr(smem_raw));
+                    attention::clear_rows_past<KVTile, kConsumerThreads>(v_tile, tile.lk - key0, consumer_thread);
+                    fence_proxy_async_shared();  // wgmma reads through the async proxy
+                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+                }
+            }
+        };
 
-        if (num_tiles > 0) {
+        if constexpr (kSingleWarpgroup) {
+            if (num_tiles > 0) {
+                Scores s;
+                Probabilities p;
+                RowFactors correction;
+                // L2 policies as the producer's: Q is read once, K and V again by the sequence's other tiles and heads.
+                const unsigned long long read_once = l2_evict_first(), read_again = l2_evict_last();
+                if (consumer_thread == 0) {
+                    mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
+                    attention::load_tile_tma<QTile>(s_q, args.map_q, tile.q_start + tile.row0, tile.head, bars.q_full(), read_once);
+                    load_key_tile(s_k, args.map_k, first_key(0), tile.kv_head, bars.k_full(0), read_again);
+                    load_key_tile(s_v, args.map_v, first_key(0), tile.kv_head, bars.v_full(0), read_again);
+                }
+                mbarrier_wait(bars.q_full(), 0);
+                for (int i = 0; i < num_tiles; ++i) {
+                    // Tile i is the i-th fill of the one K and one V buffer: phase i of their full barriers.
+                    const unsigned parity = i & 1;
+                    const int key0 = (tile.n_begin + i) * kTileN;
+                    mbarrier_wait(bars.k_full(0), parity);
+                    issue_scores(s, q_rows, s_k);
+                    wgmma_wait<0>();
+                    fence_operands(s[0]);
+                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);  // every warp's S has read K
+                    if (consumer_thread == 0 && i + 1 < num_tiles) {
+                        load_key_tile(s_k, args.map_k, first_key(i + 1), tile.kv_head, bars.k_full(0), read_again);
+                    }
+                    mask_if_crossing(s, key0);
+                    attention::softmax_update(s, state, args.scale_log2, correction);
+                    if (i > 0) attention::rescale_output(state, correction);  // O holds tiles 0..i-1, all added
+                    attention::pack_probabilities<T>(s, p);
+                    mbarrier_wait(bars.v_full(0), parity);
+                    clear_values_past_end(s_v, key0);
+                    issue_pv(state, p, s_v);
+                    wgmma_wait<0>();
+                    fence_operands(state.o[0]);
+                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);  // every warp's P V has read V
+                    if (consumer_thread == 0 && i + 1 < num_tiles) {
+                        load_key_tile(s_v, args.map_v, first_key(i + 1), tile.kv_head, bars.v_full(0), read_again);
+                    }
+                }
+            }
+        } else if (num_tiles > 0) {
             Scores s;
             Probabilities p;
             RowFactors correction;
@@ -253,15 +322,7 @@ struct WgmmaKernel {
             }
             const int last = num_tiles - 1, last_key0 = (tile.n_begin + last) * kTileN;
             mbarrier_wait(bars.v_full(stage_of(last)), parity_of(last));
-            if constexpr (kTmaTail) {
-                // Only a sequence's last key tile can be incomplete, and it is the run's last.
-                if (last_key0 + kTileN > tile.lk) {
-                    unsigned char* const v_tile = smem_raw + (s_v + stage_of(last) * kKVTileBytes - smem_addr(smem_raw));
-                    attention::clear_rows_past<KVTile, kConsumerThreads>(v_tile, tile.lk - last_key0, consumer_thread);
-                    fence_proxy_async_shared();  // wgmma reads through the async proxy
-                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-                }
-            }
+            clear_values_past_end(s_v + stage_of(last) * kKVTileBytes, last_key0);
             take_turn(group);
             issue_pv(state, p, s_v + stage_of(last) * kKVTileBytes);
             pass_turn(group);

@@ -7,8 +7,9 @@ namespace kgen {
 constexpr int kWarpgroupThreads = 128;
 
 // Moves this warpgroup's register budget to kRegisters per thread (a multiple of 8 in
-// 24..256); executed by all its warps. ptxas ignores it unless the kernel's launch
-// bounds fix one block per SM, which `kgen build` checks ("setmaxnreg ignored").
+// 24..256); executed by all its warps. ptxas may ignore it under launch bounds of more than
+// one block per SM (it says "setmaxnreg ignored", which `kgen build` refuses); the prefill's
+// 64-row wgmma tile at two blocks an SM keeps it.
 template <int kRegisters>
 __device__ __forceinline__ void release_registers() {
     static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg takes 24..256 in steps of 8");

@@ -34,11 +34,13 @@ def _attention_prefill(params: Mapping[str, Any]) -> LaunchContract:
     # in shared memory a row takes whole spans (head dim 96's last half span is padding).
     span_bytes = min(row_bytes, 128)
     tile_row_bytes = -(-row_bytes // span_bytes) * span_bytes
-    # One Q tile, two buffers each of K and V.
-    tile_bytes = (params["tile_m"] + 4 * params["tile_n"]) * tile_row_bytes
     mma = params["mma"]
+    # wgmma from three blocks an SM: one warpgroup, no producer, one buffer each of K and V (its template says why).
+    single_warpgroup = mma == "wgmma" and params["min_blocks_per_sm"] >= 3
+    # One Q tile, and two buffers each of K and V (one in a single warpgroup).
+    tile_bytes = (params["tile_m"] + (2 if single_warpgroup else 4) * params["tile_n"]) * tile_row_bytes
     # wgmma: num_warps consumer warps (a warpgroup per 64 query rows) and a producer warpgroup.
-    threads = params["num_warps"] * 32 + (WARPGROUP_THREADS if mma == "wgmma" else 0)
+    threads = params["num_warps"] * 32 + (WARPGROUP_THREADS if mma == "wgmma" and not single_warpgroup else 0)
     return LaunchContract(
         threads=threads,
         dynamic_smem_bytes=SWIZZLE_ALIGNMENT + tile_bytes + ATTENTION_BARRIER_BYTES[mma],
