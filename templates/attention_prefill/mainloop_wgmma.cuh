@@ -39,7 +39,8 @@ struct WgmmaKernel {
     static constexpr int kQBytes = QTile::kBytes, kKVTileBytes = KVTile::kBytes;
     static constexpr int kSpanBytes = QTile::kSpanBytes, kSpanCols = QTile::kSpanCols, kSpans = QTile::kSpans;
     static constexpr int kRowChunks = QTile::kRowChunks;
-    // Full and empty mbarriers for two K and two V buffers, and Q's: 8 bytes each.
+    // Full and empty mbarriers for two K and two V buffers, and Q's: 8 bytes each (a single warpgroup uses
+    // the full ones of its one K and one V buffer, and Q's).
     static constexpr int kBarrierBytes = 128;
     static_assert(9 * 8 <= kBarrierBytes, "room for nine mbarriers");
     using Smem = SharedMemory<QTile, KVTile, kBarrierBytes, kKVBuffers>;
@@ -83,7 +84,7 @@ struct WgmmaKernel {
                   "attention_prefill: with mma=wgmma above one block an SM, tile_n, head_dim or min_blocks_per_sm is too "
                   "large: S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 16 (32 from three blocks) of the registers "
                   "a thread starts with (65536 / (threads x min_blocks_per_sm))");
-    static_assert(kTileN * 3 / 4 + kHeadDim / 2 + 32 <= kConsumerRegisters,
+    static_assert(kSingleWarpgroup || kTileN * 3 / 4 + kHeadDim / 2 + 32 <= kConsumerRegisters,
                   "attention_prefill: with mma=wgmma, tile_n and head_dim are too large for the consumer registers of "
                   "this tile_m (S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 32 of 240, 232 at two blocks an SM, or 160 at tile_m 192)");
     static constexpr int kConsumerWarps = kConsumerThreads / 32;
@@ -167,7 +168,7 @@ struct WgmmaKernel {
     __device__ static __forceinline__ void run(const Args& args) {
         extern __shared__ unsigned char smem_raw[];
         const Smem smem(smem_raw);
-        const unsigned s_q = smem.q, s_k = smem.k, s_v = smem.v;  // K and V: two stages each
+        const unsigned s_q = smem.q, s_k = smem.k, s_v = smem.v;  // K and V: kKVBuffers stages each
         const Barriers bars{smem.barriers};
         if (threadIdx.x == 0) {
             for (int stage = 0; stage < kKVBuffers; ++stage) {
@@ -189,23 +190,25 @@ struct WgmmaKernel {
         const int warp = warp_index(), lane = threadIdx.x % 32;
         auto first_key = [&](int i) { return tile.k_start + (tile.n_begin + i) * kTileN; };  // of the run's key tile i
 
-        if (!kSingleWarpgroup && warp < 4) {
-            // ---- Producer: one thread loads Q once and K/V tile by tile, as the consumers free stages. ----
-            release_registers<kProducerRegisters>();
-            if (threadIdx.x == 0 && num_tiles > 0) {
-                const unsigned long long read_once = l2_evict_first(), read_again = l2_evict_last();
-                mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
-                attention::load_tile_tma<QTile>(s_q, args.map_q, tile.q_start + tile.row0, tile.head, bars.q_full(), read_once);
-                for (int i = 0; i < num_tiles; ++i) {
-                    const int stage = stage_of(i);
-                    // A fresh barrier's previous phase counts as complete, so the first pass does not wait.
-                    mbarrier_wait(bars.k_empty(stage), parity_of(i) ^ 1);
-                    load_key_tile(s_k + stage * kKVTileBytes, args.map_k, first_key(i), tile.kv_head, bars.k_full(stage), read_again);
-                    mbarrier_wait(bars.v_empty(stage), parity_of(i) ^ 1);
-                    load_key_tile(s_v + stage * kKVTileBytes, args.map_v, first_key(i), tile.kv_head, bars.v_full(stage), read_again);
+        if constexpr (!kSingleWarpgroup) {
+            if (warp < 4) {
+                // ---- Producer: one thread loads Q once and K/V tile by tile, as the consumers free stages. ----
+                release_registers<kProducerRegisters>();
+                if (threadIdx.x == 0 && num_tiles > 0) {
+                    const unsigned long long read_once = l2_evict_first(), read_again = l2_evict_last();
+                    mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
+                    attention::load_tile_tma<QTile>(s_q, args.map_q, tile.q_start + tile.row0, tile.head, bars.q_full(), read_once);
+                    for (int i = 0; i < num_tiles; ++i) {
+                        const int stage = stage_of(i);
+                        // A fresh barrier's previous phase counts as complete, so the first pass does not wait.
+                        mbarrier_wait(bars.k_empty(stage), parity_of(i) ^ 1);
+                        load_key_tile(s_k + stage * kKVTileBytes, args.map_k, first_key(i), tile.kv_head, bars.k_full(stage), read_again);
+                        mbarrier_wait(bars.v_empty(stage), parity_of(i) ^ 1);
+                        load_key_tile(s_v + stage * kKVTileBytes, args.map_v, first_key(i), tile.kv_head, bars.v_full(stage), read_again);
+                    }
                 }
+                return;
             }
-            return;
         }
 
         // ---- Consumers ----
@@ -277,9 +280,11 @@ struct WgmmaKernel {
                     issue_pv(state, p, s_v);
                     wgmma_wait<0>();
                     fence_operands(state.o[0]);
-                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);  // every warp's P V has read V
-                    if (consumer_thread == 0 && i + 1 < num_tiles) {
-                        load_key_tile(s_v, args.map_v, first_key(i + 1), tile.kv_head, bars.v_full(0), read_again);
+                    if (i + 1 < num_tiles) {  // the epilogue does not touch V
+                        named_barrier_sync(kConsumerBarrier, kConsumerThreads);  // every warp's P V has read V
+                        if (consumer_thread == 0) {
+                            load_key_tile(s_v, args.map_v, first_key(i + 1), tile.kv_head, bars.v_full(0), read_again);
+                        }
                     }
                 }
             }
