@@ -18,6 +18,7 @@ import gdn_reference as ref  # noqa: E402
 from test_gdn_backward_algebra import GRADIENTS, autograd_grads  # noqa: E402
 from test_gdn_chunk_gpu import DTYPES, head_dims, make_inputs  # noqa: E402
 import kgen.compat.fla as fla  # noqa: E402
+from kgen import config  # noqa: E402
 from kgen.families.gated_delta_rule.backward import PER_CHUNK  # noqa: E402
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, plan_chunk_gated_delta_rule  # noqa: E402
 
@@ -192,6 +193,23 @@ def test_autograd_eager_and_compiled(layout):
     compiled = torch.autograd.grad(compiled_loss, leaves)
     for name, a, b in zip(GRADIENTS, compiled, eager):
         assert torch.equal(a, b), name
+
+
+def test_the_setting_takes_autograd_through_the_kernel():
+    # KGEN_GDN_BACKWARD=kernel: autograd's gradients are per_chunk="kernel"'s, bit for bit, and the default's are
+    # the torch stage's.
+    lengths = [130, 64, 7]
+    inputs, initial, d_out, d_final = make_case(lengths, 2, 2, 128, torch.bfloat16, True, True, True, True, "kv", 5)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    plan = plan_chunk_gated_delta_rule(cu.tolist(), num_heads_v=4, head_dim=128, device="cuda")
+    options = dict(initial_state=initial, d_final_state=d_final, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, plan=plan)
+    for setting in PER_CHUNK:
+        leaves = [t.clone().requires_grad_() for t in (*inputs, initial)]
+        with config.overrides(KGEN_GDN_BACKWARD=None if setting == PER_CHUNK[0] else setting):
+            got = torch.autograd.grad(_loss(*leaves, d_out, d_final, cu, plan, "kv"), leaves)
+        want = chunk_gated_delta_rule_bwd(*inputs, d_out, per_chunk=setting, **options)
+        for name, a, b in zip(GRADIENTS, got, want):
+            assert torch.equal(a, b), (setting, name)
 
 
 @pytest.mark.parametrize("per_chunk", PER_CHUNK)

@@ -186,3 +186,23 @@ def test_a_differentiable_chunk_call_is_checked_like_any_other():
         kgen.ops.chunk_gated_delta_rule(x, x, x, x[..., 0], x[..., 0], out=torch.empty(1, 2, 2, 128))
     with pytest.raises(ValueError, match="^per_chunk: "):
         kgen.ops.chunk_gated_delta_rule_bwd(x, x, x, x[..., 0], x[..., 0], x, per_chunk="triton")
+    # Without per_chunk, the KGEN_GDN_BACKWARD setting names the path, and a value that is none is refused by name.
+    with kgen.config.overrides(KGEN_GDN_BACKWARD="triton"), pytest.raises(kgen.config.SettingError,
+                                                                             match="^KGEN_GDN_BACKWARD: 'triton'"):
+        kgen.ops.chunk_gated_delta_rule_bwd(x, x, x, x[..., 0], x[..., 0], x)
+
+
+def test_autograd_leaves_the_gdn_backward_path_to_the_setting():
+    assert kgen.config.gdn_backward() == "torch"
+    with kgen.config.overrides(KGEN_GDN_BACKWARD="kernel"):
+        assert kgen.config.gdn_backward() == "kernel"
+    # The backward op (what autograd calls) names no path, so the setting decides it for every training step.
+    q = torch.zeros(1, 2, 2, 128)
+    grads = (q, q, q, q[..., 0], q[..., 0], torch.zeros(0))
+    library = gated_delta_rule.library
+    with mock.patch.object(library, "_plan_of"), \
+         mock.patch.object(library.backward, "chunk_gated_delta_rule_bwd",
+                           side_effect=lambda *a, **k: tuple(t.clone() for t in grads)) as backward:  # no aliases
+        torch.ops.kgen.chunk_gated_delta_rule_bwd(q, q, q, q[..., 0], q[..., 0], q, None, None, None, [], [], None,
+                                                  False, "kv")
+    assert backward.call_count == 1 and "per_chunk" not in backward.call_args.kwargs

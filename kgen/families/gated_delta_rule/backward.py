@@ -12,7 +12,8 @@ The forward keeps nothing but its inputs (as FlashQLA's). The backward
    products in fp32 over slices of chunks); with ``per_chunk="kernel"`` by ``gated_delta_rule_chunk_grads``, a
    block per (chunk, v-head), everything in shared memory: 5.4x faster, but its dg missed the 1e-2 bar on one
    GPU test case, see bench/NOTES.md "Fifteenth session");
-   then sums dq and dk over each GVA group, and takes the in-kernel l2norm's backward.
+   then sums dq and dk over each GVA group, and takes the in-kernel l2norm's backward. ``KGEN_GDN_BACKWARD=kernel``
+   makes the kernel the path of every call that does not name one, autograd's included.
 
 Rows past a sequence are zero in every chunk the backward reads, so one sequence's gradients never see
 another's data. Nothing here synchronises with the device.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kgen import config
 from kgen.families.gated_delta_rule.chunk import checked_inputs, kernels_for_plan, on_device, run_forward
 from kgen.families.gated_delta_rule.planner import NEGLIGIBLE_LOG_DECAY
 from kgen.families.gated_delta_rule.local_grads import chunk_grads, chunk_terms
@@ -35,20 +37,23 @@ L2NORM_EPS = 1e-6
 _SLICE_ELEMENTS = 1 << 26
 
 
-#: Where the per-chunk gradients are taken (see the module's step 3).
+#: Where the per-chunk gradients are taken (see the module's step 3); the first is the default.
 PER_CHUNK = ("torch", "kernel")
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, *, scale=None, initial_state=None, d_final_state=None,
                                cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_layout="kv", plan=None,
-                               per_chunk="torch"):
+                               per_chunk=None):
     """The gradients (dq, dk, dv, dg, dbeta, d_initial_state) of ``sum(o * d_out) + sum(final * d_final_state)``
     through :func:`kgen.ops.chunk_gated_delta_rule` with the same arguments, for callers with their own autograd.
 
     ``d_out`` is o's gradient (v's shape and dtype); ``d_final_state`` the final state's (fp32, the state
     layout's shape) or None. dq, dk and dv come in q's dtype, dg in fp32, dbeta in beta's dtype;
-    d_initial_state (fp32) is None without an initial state. ``per_chunk``: one of :data:`PER_CHUNK`.
+    d_initial_state (fp32) is None without an initial state. ``per_chunk``: one of :data:`PER_CHUNK`, or None for
+    the ``KGEN_GDN_BACKWARD`` setting (:func:`kgen.config.gdn_backward`).
     """
+    if per_chunk is None:
+        per_chunk = config.gdn_backward()
     if per_chunk not in PER_CHUNK:
         raise ValueError(f"per_chunk: expected one of {PER_CHUNK}, got {per_chunk!r}")
     plan, scale = checked_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
