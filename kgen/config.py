@@ -137,15 +137,18 @@ def always_compile() -> bool:
     return _switch("KGEN_ALWAYS_COMPILE")
 
 
+#: Where the gated delta rule's backward takes its per-chunk gradients (kgen.families.gated_delta_rule.backward),
+#: the default first.
+GDN_BACKWARD_PATHS = ("torch", "kernel")
+
+
 def gdn_backward() -> str:
     """``KGEN_GDN_BACKWARD``: where the gated delta rule's backward (and so its autograd) takes the per-chunk
     gradients: ``torch`` (the default) or ``kernel``, about 6x faster at 1 x 32k but not yet the default: its dg
     missed the 1e-2 bar on one adversarial test case, where fla's missed it by more (bench/NOTES.md)."""
-    from kgen.families.gated_delta_rule.backward import PER_CHUNK  # the family's names for them
-
-    value = _get("KGEN_GDN_BACKWARD") or PER_CHUNK[0]
-    if value not in PER_CHUNK:
-        raise SettingError(f"KGEN_GDN_BACKWARD: {value!r} is none of {', '.join(PER_CHUNK)}")
+    value = _get("KGEN_GDN_BACKWARD") or GDN_BACKWARD_PATHS[0]
+    if value not in GDN_BACKWARD_PATHS:
+        raise SettingError(f"KGEN_GDN_BACKWARD: {value!r} is none of {', '.join(GDN_BACKWARD_PATHS)}")
     return value
 
 

@@ -197,11 +197,11 @@ def test_autograd_eager_and_compiled(layout):
 
 def test_the_setting_takes_autograd_through_the_kernel():
     # KGEN_GDN_BACKWARD=kernel: autograd's gradients are per_chunk="kernel"'s, bit for bit, and the default's are
-    # the torch stage's.
+    # the torch stage's (every chunk its own segment: the split's summaries and chain too).
     lengths = [130, 64, 7]
     inputs, initial, d_out, d_final = make_case(lengths, 2, 2, 128, torch.bfloat16, True, True, True, True, "kv", 5)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    plan = plan_chunk_gated_delta_rule(cu.tolist(), num_heads_v=4, head_dim=128, device="cuda")
+    plan = plan_chunk_gated_delta_rule(cu.tolist(), num_heads_v=4, head_dim=128, segment_chunks=1, device="cuda")
     options = dict(initial_state=initial, d_final_state=d_final, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, plan=plan)
     for setting in PER_CHUNK:
         leaves = [t.clone().requires_grad_() for t in (*inputs, initial)]

@@ -70,7 +70,8 @@ def report(label, got, want, cu) -> None:
 
 def recomputed_states(inputs, initial, d_out, d_final, cu, plan) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """First token of each chunk -> (S, dS') as the backward's kernels recomputed them ([HV, K, V], float64 from their
-    16-bit copies, which hold S^T and dS'^T), caught where the torch stage receives them."""
+    16-bit copies, which hold S^T and dS'^T), caught where the torch stage receives them. The chunks table gives a
+    chunk's first row of the flattened [B * T] tokens: its token, as packed varlen inputs have B = 1."""
     caught = {}
     torch_grads = backward._torch_grads
 
@@ -117,13 +118,15 @@ def dg_from_states(inputs, d_out, cu_host, states_of) -> torch.Tensor:
     return dg
 
 
-def state_sources(inputs, initial, d_out, d_final, cu_host, cu, plan) -> None:
-    """dg's error with each combination of recomputed and exact S and dS' (see the module's docstring)."""
+def state_sources(inputs, initial, d_out, d_final, cu_host, cu, plan, reference_dg) -> None:
+    """dg's error with each combination of recomputed and exact S and dS' (see the module's docstring), against dg
+    from the exact ones, which must equal ``reference_dg`` (float64 autograd) to rounding."""
     gpu = recomputed_states(inputs, initial, d_out, d_final, cu, plan)
     exact = exact_states(inputs, initial, d_out, d_final, cu_host)
     rounded = {c: tuple(x.to(inputs[0].dtype).double() for x in pair) for c, pair in exact.items()}
     want = dg_from_states(inputs, d_out, cu_host, exact.__getitem__)
-    for label, pick in (("exact S, dS'", lambda c: exact[c]), ("exact, 16-bit", lambda c: rounded[c]),
+    print(f"dg from exact S, dS' against autograd's: {ref.rel_rms(want, reference_dg):.2e} (float64 rounding expected)")
+    for label, pick in (("exact, 16-bit", lambda c: rounded[c]),
                         ("kernels' S, dS'", lambda c: gpu[c]), ("kernels' S only", lambda c: (gpu[c][0], rounded[c][1])),
                         ("kernels' dS' only", lambda c: (rounded[c][0], gpu[c][1]))):
         got = dg_from_states(inputs, d_out, cu_host, pick)
@@ -151,7 +154,7 @@ def main() -> None:
                                          use_qk_l2norm_in_kernel=True, plan=plan, per_chunk=per_chunk)
         report(f"kgen {per_chunk}", got, want, cu_host)
     if args.states:
-        state_sources(inputs, initial, d_out, d_final, cu_host, cu, plan)
+        state_sources(inputs, initial, d_out, d_final, cu_host, cu, plan, want[3])
     for library in (p.strip() for p in args.peers.split(",") if p.strip()):
         report(library, peer_grads(library, inputs, initial, d_out, d_final, cu), want, cu_host)
 

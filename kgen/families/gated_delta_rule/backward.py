@@ -38,7 +38,7 @@ _SLICE_ELEMENTS = 1 << 26
 
 
 #: Where the per-chunk gradients are taken (see the module's step 3); the first is the default.
-PER_CHUNK = ("torch", "kernel")
+PER_CHUNK = config.GDN_BACKWARD_PATHS
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, *, scale=None, initial_state=None, d_final_state=None,
