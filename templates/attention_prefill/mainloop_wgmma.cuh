@@ -64,29 +64,31 @@ struct WgmmaKernel {
                   "attention_prefill: with mma=wgmma, head_dim must be at least 64 (128-byte swizzle panels)");
     static_assert(!kCpAsyncTail, "attention_prefill: with mma=wgmma, tail must be tma");
 
+    // A block's part of the register file: 65536 over the blocks an SM.
+    static constexpr int kBlockRegisters = 65536 / Config::kMinBlocksPerSm;
     // Registers per thread after the split: the producer needs few, the consumers hold S, P and O. A block's
-    // warpgroups share its part of the register file (65536 / min_blocks_per_sm): two blocks of one producer and one
-    // consumer warpgroup each start at 128 a thread, and the producer's 104 given back make the consumer's 232.
+    // warpgroups share kBlockRegisters: two blocks of one producer and one consumer warpgroup each start at 128 a
+    // thread, and the producer's 104 given back make the consumer's 232.
     static constexpr int kProducerRegisters = kConsumerGroups == 3 ? 32 : 24;
     static constexpr int kConsumerRegisters = kConsumerGroups == 3 ? 160 : Config::kMinBlocksPerSm == 2 ? 232 : 240;
     static_assert(kSingleWarpgroup ||
-                      kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * kConsumerRegisters) <= 65536 / Config::kMinBlocksPerSm,
+                      kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * kConsumerRegisters) <= kBlockRegisters,
                   "the register budgets exceed the block's share of the register file");
     // A consumer thread holds S (tile_n / 2 fp32), P (tile_n / 4) and O (head_dim / 2) for its 64-row
     // group, and about 32 more registers of addresses and row state; past its budget ptxas gives up
     // (or serialises wgmma), so such shapes are refused here with their axes named.
+    static_assert(kSingleWarpgroup || kTileN * 3 / 4 + kHeadDim / 2 + 32 <= kConsumerRegisters,
+                  "attention_prefill: with mma=wgmma, tile_n and head_dim are too large for the consumer registers of "
+                  "this tile_m (S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 32 of 240, 232 at two blocks an SM, or 160 at tile_m 192)");
     // Above one block an SM ptxas compiles the consumers' products within the registers a thread starts with
-    // (65536 over the block's threads and blocks, in eights): head dim 256 at two blocks failed to compile ("insufficient
+    // (the block's share over its threads, in eights): head dim 256 at two blocks failed to compile ("insufficient
     // registers (128) to compile instruction"), and a single warpgroup at four blocks serialised its wgmma, so such
     // shapes are refused here, before ptxas. A single warpgroup also holds the loads' addresses: 32 beside S, P and O.
-    static constexpr int kStartRegisters = 65536 / (kThreads * Config::kMinBlocksPerSm) / 8 * 8;
+    static constexpr int kStartRegisters = kBlockRegisters / kThreads / 8 * 8;
     static_assert(Config::kMinBlocksPerSm == 1 || kTileN * 3 / 4 + kHeadDim / 2 + (kSingleWarpgroup ? 32 : 16) <= kStartRegisters,
                   "attention_prefill: with mma=wgmma above one block an SM, tile_n, head_dim or min_blocks_per_sm is too "
                   "large: S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 16 (32 from three blocks) of the registers "
                   "a thread starts with (65536 / (threads x min_blocks_per_sm))");
-    static_assert(kSingleWarpgroup || kTileN * 3 / 4 + kHeadDim / 2 + 32 <= kConsumerRegisters,
-                  "attention_prefill: with mma=wgmma, tile_n and head_dim are too large for the consumer registers of "
-                  "this tile_m (S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 32 of 240, 232 at two blocks an SM, or 160 at tile_m 192)");
     static constexpr int kConsumerWarps = kConsumerThreads / 32;
     static constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads')
     // Pingpong (two consumer warpgroups, head dims up to 128, as FlashAttention-3): the groups
