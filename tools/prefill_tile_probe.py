@@ -13,31 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import kgen  # noqa: F401  (first, from PYTHONPATH's tree: bench/common puts this checkout on sys.path)
-from kgen.ops import attention_varlen, plan_attention_varlen
+from kgen.ops import plan_attention_varlen
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from attention_common import reference_bhsd, rel_l2  # noqa: E402
-from bench_attention_sweep import SWEEP_HEAD_DIM, SWEEP_HEADS, sweep_seqs  # noqa: E402
+from attention_common import backend_only  # noqa: E402
+from bench_attention_sweep import SWEEP_HEAD_DIM, check_batch, cudnn_dense_calls, kgen_calls, make_batch, sweep_seqs  # noqa: E402
 from common import time_cuda  # noqa: E402
-
-
-def error_of(out, q, k, v, length, num_seqs) -> float:
-    worst = 0.0
-    for i in sorted({0, num_seqs - 1}):
-        rows = slice(i * length, (i + 1) * length)
-        as_bhsd = lambda t: t[rows].transpose(0, 1).unsqueeze(0)  # noqa: E731
-        want = reference_bhsd(as_bhsd(q), as_bhsd(k), as_bhsd(v), True)
-        worst = max(worst, rel_l2(as_bhsd(out), want))
-    return worst
 
 
 def main() -> None:
@@ -47,41 +35,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
+    forced = [dict(zip(("mma", "tile_m", "tile_n"), (m, int(a), int(b))))
+              for m, a, b in (s.split(":") for s in args.shapes.split(","))]
     for length in (int(x) for x in args.lengths.split(",")):
-        num_seqs = sweep_seqs(length)
-        cu_host = [i * length for i in range(num_seqs + 1)]
-        cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
-        q, k, v = (torch.randn((num_seqs * length, SWEEP_HEADS, SWEEP_HEAD_DIM), generator=gen, device="cuda",
-                               dtype=torch.bfloat16) for _ in range(3))
-        out = torch.empty_like(q)
+        batch = make_batch(sweep_seqs(length), length, gen)
         calls, errors = {}, {}
-        forced = [dict(zip(("mma", "tile_m", "tile_n"), (m, int(a), int(b))))
-                  for m, a, b in (s.split(":") for s in args.shapes.split(","))]
         for name, options in [("plan", {}), *((f"{o['mma']}:{o['tile_m']}:{o['tile_n']}", o) for o in forced)]:
             try:
-                plan = plan_attention_varlen(cu_host, cu_host, head_dim=SWEEP_HEAD_DIM, causal=True, device="cuda",
-                                             **options)
+                plan = plan_attention_varlen(batch.cu_host, batch.cu_host, head_dim=SWEEP_HEAD_DIM, causal=True,
+                                             device="cuda", **options)
             except ValueError as exc:  # a shape this tree's spec lacks
                 print(json.dumps({"length": length, "shape": name, "error": str(exc)[:200]}), flush=True)
                 continue
-            call = (lambda plan=plan: attention_varlen(q, k, v, cu, cu, causal=True, plan=plan, out=out))
-            out.fill_(math.nan)
-            call()
-            errors[name] = "NaN left" if out.isnan().any() else round(error_of(out, q, k, v, length, num_seqs), 5)
-            calls[name] = call
-        dense = [t.view(num_seqs, length, SWEEP_HEADS, SWEEP_HEAD_DIM).transpose(1, 2).contiguous() for t in (q, k, v)]
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(*dense, is_causal=True)
-        calls["cudnn"] = cudnn
+            error, ok = check_batch(batch, plan)  # NaN-poisoned output, float64 reference
+            errors[name] = round(error, 5) if ok else f"failed: rel L2 {error}, or NaN left"
+            calls[name] = kgen_calls(batch, plan)[0]
+        calls["cudnn"] = cudnn_dense_calls(batch)[0]
         times = {name: [] for name in calls}
         for _ in range(args.rounds):
             for name, call in calls.items():
-                times[name].append(time_cuda(call))
+                with backend_only(name):  # cuDNN pinned for its SDPA call, nothing for kgen's
+                    times[name].append(time_cuda(call))
         for name, samples in times.items():
-            row = {"length": length, "seqs": num_seqs, "shape": name, "ms": round(statistics.median(samples), 4)}
+            row = {"length": length, "seqs": batch.num_seqs, "shape": name, "ms": round(statistics.median(samples), 4)}
             if name in errors:
                 row["rel_l2"] = errors[name]
             print(json.dumps(row), flush=True)
