@@ -55,11 +55,11 @@ def test_plans_without_a_gpu_take_the_first_kernel_the_arch_runs():
     assert [v.param_dict["mma"] for v in family.variants[:1]] == ["wgmma"]
     on_hopper = [v.param_dict["mma"] for v in planner.tile_candidates(128, torch.bfloat16, None, None, 90)]
     assert on_hopper[0] == "wgmma" and set(on_hopper) == {"wgmma", "mma_sync"}
-    # Long sequences take wgmma's first shape; a 64-token causal prompt wgmma's 64x64 tiles (two blocks an SM),
-    # a quarter of the scores of its 128x128 ones, and at a lower cost per score than mma_sync's 64x64.
+    # Long sequences take wgmma's first shape; a 64-token causal prompt wgmma's 64x64 tiles (one warpgroup, three
+    # blocks an SM), a quarter of the scores of its 128x128 ones, and at a lower cost per score than mma_sync's 64x64.
     assert plan_attention_varlen([0, 8192], [0, 8192], head_dim=128).variant.param_dict["mma"] == "wgmma"
     short = plan_attention_varlen([0, 64], [0, 64], head_dim=128, causal=True).variant.param_dict
-    assert (short["mma"], short["tile_m"], short["tile_n"], short["min_blocks_per_sm"]) == ("wgmma", 64, 64, 2)
+    assert (short["mma"], short["tile_m"], short["tile_n"], short["min_blocks_per_sm"]) == ("wgmma", 64, 64, 3)
     # Under tail="cp_async" (mma_sync only at head dim 128) it takes mma_sync's 64x64 tiles.
     short = plan_attention_varlen([0, 64], [0, 64], head_dim=128, causal=True, tail="cp_async").variant.param_dict
     assert (short["mma"], short["tile_m"], short["tile_n"]) == ("mma_sync", 64, 64)

@@ -1,29 +1,25 @@
 """The wgmma prefill as one warpgroup without a producer (64-row tiles, three blocks an SM: step 2b of
 docs/prefill_short_sequences.md) builds for sm_90a under the host's contract, and a shape past the registers a
-thread starts with is refused naming the axis. The form is not in the built-in spec until it is measured; its GPU
-tests run with KGEN_SPEC_PATH=tests/specs/single_warpgroup, under which a 64-row wgmma plan takes it."""
+thread starts with is refused naming the axis."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from kgen import config, registry
+from kgen import registry
 from kgen.compiler import CompileError, compile_cubin
 from kgen.contract import contract_of
 from kgen.registry import Variant
 from kgen.render import render
 
-SPECS = Path(__file__).parent / "specs" / "single_warpgroup"
 #: Shared memory an sm_90 SM gives its blocks, and what it keeps back per block.
 SM90_SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK = 228 * 1024, 1024
 
 
 def single_warpgroup_variants() -> list[Variant]:
-    with config.overrides(KGEN_SPEC_PATH=str(SPECS)):
-        family = registry.current().family("attention_prefill")
-        return [v for v in family.variants if v.param_dict["min_blocks_per_sm"] >= 3 and v.param_dict["dtype"] == "bf16"]
+    family = registry.current().family("attention_prefill")
+    return [v for v in family.variants
+            if v.param_dict["mma"] == "wgmma" and v.param_dict["min_blocks_per_sm"] >= 3 and v.param_dict["dtype"] == "bf16"]
 
 
 @pytest.mark.parametrize("variant", single_warpgroup_variants(), ids=lambda v: v.name.split("[")[1])

@@ -63,6 +63,13 @@ def candidates(family: registry.Family) -> list[tuple[str, Variant]]:
     return out
 
 
+def occupancy_of_a_base(params: tuple, family: registry.Family) -> bool:
+    """Whether ``params`` are a base's but for min_blocks_per_sm."""
+    def shape(p):
+        return tuple(item for item in p if item[0] != "min_blocks_per_sm")
+    return any(shape(params) == shape(base.params) for base in bases(family))
+
+
 def build_passes(variant: Variant) -> bool:
     """Whether `kgen build` accepts a variant that compiled: no spills, shared memory within the limit."""
     _, record = compile_cubin(render(variant), "sm_90a", variant.name)
@@ -88,7 +95,8 @@ def _compiled_in_parallel(swept):
 def test_every_admitted_value_compiles_into_a_tested_variant_or_fails_with_its_axis(family_name):
     builtin = registry.current().family(family_name)
     with config.overrides(KGEN_SPEC_PATH=str(NEIGHBOURS)):
-        covered = {v.params for v in registry.current().family(family_name).variants if is_base(v)}
+        listed = {v.params: v for v in registry.current().family(family_name).variants if is_base(v)}
+    covered = set(listed)
     buildable = set()
     for axis, variant, outcome in _compiled_in_parallel(candidates(builtin)):
         if isinstance(outcome, CompileError):
@@ -105,6 +113,10 @@ def test_every_admitted_value_compiles_into_a_tested_variant_or_fails_with_its_a
     assert not untested, f"buildable but run by no GPU test: {sorted(untested)}"
     # Every neighbour the GPU tests run is one the sweep builds (or a built-in variant).
     stale = covered - buildable - {v.params for v in builtin.variants}
+    # min_blocks_per_sm is not swept, but a kernel's form can change with it (wgmma's 64-row tile drops its producer
+    # from three blocks an SM), so the list may also hold a base's shape at another occupancy, if it builds.
+    stale -= {params for params in stale
+              if occupancy_of_a_base(params, builtin) and build_passes(listed[params])}
     assert not stale, f"tests/specs/neighbours lists variants that do not build: {sorted(stale)}"
 
 

@@ -9,7 +9,7 @@ constexpr int kWarpgroupThreads = 128;
 // Moves this warpgroup's register budget to kRegisters per thread (a multiple of 8 in
 // 24..256); executed by all its warps. ptxas may ignore it under launch bounds of more than
 // one block per SM (it says "setmaxnreg ignored", which `kgen build` refuses); the prefill's
-// 64-row wgmma tile at two blocks an SM keeps it.
+// 64-row wgmma tile at two blocks an SM (a user's spec; the built-in one runs three) keeps it.
 template <int kRegisters>
 __device__ __forceinline__ void release_registers() {
     static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg takes 24..256 in steps of 8");
