@@ -81,6 +81,10 @@ DENSE_CASES = [
     DenseCase(1, 32, 16384, 128, True, heads_kv=8),
     DenseCase(2, 16, 8192, 96, True),
     DenseCase(2, 16, 8192, 192, True),
+    # Issue 25's short dense batches (its bar: kgen/cuDNN >= 1.0; hd64 B4 H32 S4096 causal is above).
+    DenseCase(8, 32, 1024, 128, True, heads_kv=8),
+    DenseCase(16, 32, 512, 128, True, heads_kv=8),
+    DenseCase(4, 32, 4096, 128, True, heads_kv=8),
 ]
 
 
