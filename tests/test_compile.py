@@ -137,12 +137,13 @@ def _attention_instructions(params: dict) -> dict[str, re.Pattern]:
     """The instructions each attention kernel is built on, by name."""
     tma = {"UTMALDG": re.compile(r"\bUTMALDG\.3D\b")}  # TMA tile loads of full tiles
     if params["mma"] == "wgmma":
-        return {**tma,
-                # S = Q K^T from two shared-memory descriptors; O += P V with P from registers.
-                "HGMMA SS": re.compile(rf"\bHGMMA\.64x{params['tile_n']}x16\.F32\.BF16 R\d+, gdesc\["),
-                "HGMMA RS": re.compile(rf"\bHGMMA\.64x{params['head_dim']}x16\.F32\.BF16 R\d+, R\d+, gdesc\["),
-                "setmaxnreg": re.compile(r"\bUSETMAXREG\b"),
-                "UTMASTG": re.compile(r"\bUTMASTG\.3D\b")}  # full tiles of O stored by TMA
+        wgmma = {**tma,
+                 # S = Q K^T from two shared-memory descriptors; O += P V with P from registers.
+                 "HGMMA SS": re.compile(rf"\bHGMMA\.64x{params['tile_n']}x16\.F32\.BF16 R\d+, gdesc\["),
+                 "HGMMA RS": re.compile(rf"\bHGMMA\.64x{params['head_dim']}x16\.F32\.BF16 R\d+, R\d+, gdesc\["),
+                 "UTMASTG": re.compile(r"\bUTMASTG\.3D\b")}  # full tiles of O stored by TMA
+        # The producer warpgroup gives its registers to the consumers; from three blocks an SM there is none.
+        return wgmma if params["min_blocks_per_sm"] >= 3 else {**wgmma, "setmaxnreg": re.compile(r"\bUSETMAXREG\b")}
     return {**tma,
             "HMMA": re.compile(r"\bHMMA\.16816\.F32"),  # mma.sync m16n8k16, fp32 accumulators
             "LDSM": re.compile(r"\bLDSM\.16\.M88\.4\b"),  # ldmatrix x4 (K, Q)
@@ -270,7 +271,10 @@ def test_sass_patterns_match_what_they_should():
     assert _LOCAL.search("/*0100*/ STL.64 [R1+0x8], R4 ;")
     assert _LOCAL.search("/*0100*/ LDL R4, [R1+0x8] ;")
     assert not _LOCAL.search("/*0100*/ LDG.E R4, desc[UR4][R2.64] ;")
-    wgmma = _attention_instructions({"mma": "wgmma", "tile_n": 112, "head_dim": 96})
+    wgmma = _attention_instructions({"mma": "wgmma", "tile_n": 112, "head_dim": 96, "min_blocks_per_sm": 1})
+    assert wgmma["setmaxnreg"].search("/*0090*/ USETMAXREG.DEALLOC.CTAPOOL 0x18 ;")
+    assert "setmaxnreg" not in _attention_instructions({"mma": "wgmma", "tile_n": 64, "head_dim": 128,
+                                                        "min_blocks_per_sm": 3})
     assert wgmma["UTMASTG"].search("/*f0e0*/ UTMASTG.3D [UR8], [UR4] ;")
     assert not wgmma["UTMASTG"].search("/*f0e0*/ UTMALDG.3D [UR8], [UR18], desc[UR30] ;")
     assert wgmma["HGMMA RS"].search("/*1f00*/ HGMMA.64x96x16.F32.BF16 R24, R152, gdesc[UR4], R24 ;")
