@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from kgen.families.attention_prefill.contract import ATTENTION_WORK_FIELDS
 from kgen.families.attention_prefill.plan import (
-    WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, plan_tiles, validate_window,
+    SHORT_SEQUENCE_KEY_TILES, WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, plan_tiles, validate_window,
 )
 from kgen.runtime.checks import seqlens_from_cu
 
@@ -84,8 +84,13 @@ def check_against_model(seqlens_q: list[int], seqlens_k: list[int], tile_m: int,
     assert [tuple(item[2:]) for item in plan.work.tolist()] == [
         (starts_q[seq], starts_q[seq + 1], starts_k[seq], starts_k[seq + 1]) for seq, _ in items]
     assert [expected_cost[item] for item in items] == costs
-    # Costliest first; equal costs by (seq, tile) ascending.
-    order = [(-cost, item) for cost, item in zip(costs, items)]
+    # Costliest first, equal costs by (seq, tile) ascending; a short sequence's tiles together, ranked by its
+    # costliest.
+    costliest = {}
+    for (seq, _), cost in zip(items, costs):
+        costliest[seq] = max(costliest.get(seq, 0), cost)
+    order = [(-(costliest[seq] if costliest[seq] <= SHORT_SEQUENCE_KEY_TILES else cost), seq, -cost, tile)
+             for cost, (seq, tile) in zip(costs, items)]
     assert all(a < b for a, b in zip(order, order[1:]))
 
     assert plan.total_q == sum(seqlens_q) and plan.total_k == sum(seqlens_k)
@@ -213,10 +218,20 @@ def test_sliding_window_bounds_both_sides():
 
 def test_causal_plan_runs_longest_tiles_first():
     plan = plan_tiles([256, 100], [256, 100], tile_m=64, tile_n=64, causal=True, window=(-1, -1))
-    assert work_items(plan) == [(0, 3), (0, 2), (0, 1), (1, 1), (0, 0), (1, 0)]
+    # The second sequence's two tiles (2 and 1 key tiles) run together, where its costliest ranks it.
+    assert work_items(plan) == [(0, 3), (0, 2), (0, 1), (1, 1), (1, 0), (0, 0)]
     assert plan.num_key_tiles.tolist() == [4, 3, 2, 2, 1, 1]
     assert (plan.max_seqlen_q, plan.max_seqlen_k, plan.total_q, plan.total_k) == (256, 256, 356, 356)
     assert plan.has_incomplete_tile  # 100 is not a multiple of 64
+
+
+def test_a_short_sequences_tiles_run_together_so_their_keys_stay_in_l2():
+    # Seed 000's L = 128 in 64-row tiles: each sequence's two-tile item, then its one-tile item that reads the
+    # same first key tile; three-tile sequences keep costliest first across sequences.
+    plan = plan_tiles([128] * 3, [128] * 3, tile_m=64, tile_n=64, causal=True, window=(-1, -1))
+    assert work_items(plan) == [(0, 1), (0, 0), (1, 1), (1, 0), (2, 1), (2, 0)]
+    plan = plan_tiles([192] * 2, [192] * 2, tile_m=64, tile_n=64, causal=True, window=(-1, -1))
+    assert work_items(plan) == [(0, 2), (1, 2), (0, 1), (1, 1), (0, 0), (1, 0)]
 
 
 def test_a_partial_key_tile_alone_needs_the_incomplete_tile_variant():

@@ -96,9 +96,19 @@ def _key_tile_bounds(first_row, lq, lk, *, tile_m: int, tile_n: int, window: tup
     return np.where(visible, first_key // tile_n, 0), np.where(visible, last_key // tile_n + 1, 0)
 
 
+#: A sequence whose costliest query tile visits at most this many key tiles has its tiles run one after another
+#: (the costliest first, the sequences ordered by their costliest), so that the K/V tiles they share are still in
+#: L2 for the second: ordered costliest first across sequences, the one-tile item of every 128-token sequence ran
+#: long after its two-tile item and read the first K/V tile from DRAM again (ncu: 2.00 GB moved where 1.61 GB
+#: suffice; bench/NOTES.md, twenty-fourth session). Longer sequences' tiles stay costliest first across
+#: sequences, which keeps the last wave short; for two-tile sequences the last wave loses at most one tile.
+SHORT_SEQUENCE_KEY_TILES = 2
+
+
 def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: int, tile_n: int, causal: bool,
                window: tuple[int, int]) -> TileSchedule:
-    """Every query tile of every sequence with queries, costliest first (ties by sequence, then tile)."""
+    """Every query tile of every sequence with queries, costliest first (ties by sequence, then tile), except that
+    a short sequence's tiles run together (see :data:`SHORT_SEQUENCE_KEY_TILES`)."""
     lq = check_seqlens("seqlens_q", seqlens_q)
     lk = check_seqlens("seqlens_k", seqlens_k)
     if len(lk) != len(lq):
@@ -117,7 +127,10 @@ def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: in
     q_tile = np.arange(seq.size) - np.repeat(np.cumsum(tiles) - tiles, tiles)
     n_begin, n_end = _key_tile_bounds(q_tile * tile_m, lq[seq], lk[seq], tile_m=tile_m, tile_n=tile_n, window=merged)
     cost = n_end - n_begin
-    order = np.lexsort((q_tile, seq, -cost))
+    costliest = np.zeros(len(lq), dtype=cost.dtype)
+    np.maximum.at(costliest, seq, cost)
+    rank = np.where(costliest[seq] <= SHORT_SEQUENCE_KEY_TILES, costliest[seq], cost)
+    order = np.lexsort((q_tile, -cost, seq, -rank))
     # The bounds the plan is made for: the kernel addresses by them, and checks the call's cu_seqlens against them.
     starts_q, starts_k = np.cumsum(lq) - lq, np.cumsum(lk) - lk
     bounds = np.stack([starts_q, starts_q + lq, starts_k, starts_k + lk], axis=1)[seq[order]]
