@@ -84,14 +84,21 @@ def check_against_model(seqlens_q: list[int], seqlens_k: list[int], tile_m: int,
     assert [tuple(item[2:]) for item in plan.work.tolist()] == [
         (starts_q[seq], starts_q[seq + 1], starts_k[seq], starts_k[seq + 1]) for seq, _ in items]
     assert [expected_cost[item] for item in items] == costs
-    # Costliest first, equal costs by (seq, tile) ascending; a short sequence's tiles together, ranked by its
-    # costliest.
+    # Costliest first, except that a short sequence's tiles run together, ranked by its costliest.
     costliest = {}
     for (seq, _), cost in zip(items, costs):
         costliest[seq] = max(costliest.get(seq, 0), cost)
-    order = [(-(costliest[seq] if costliest[seq] <= SHORT_SEQUENCE_KEY_TILES else cost), seq, -cost, tile)
-             for cost, (seq, tile) in zip(costs, items)]
-    assert all(a < b for a, b in zip(order, order[1:]))
+    short = {seq for seq, most in costliest.items() if most <= SHORT_SEQUENCE_KEY_TILES}
+    rank = [costliest[seq] if seq in short else cost for cost, (seq, _) in zip(costs, items)]
+    assert all(a >= b for a, b in zip(rank, rank[1:]))
+    # Long sequences' tiles costliest first, equal costs by (seq, tile), and before short sequences of their rank.
+    long_order = [(-cost, item) for cost, item in zip(costs, items) if item[0] not in short]
+    assert all(a < b for a, b in zip(long_order, long_order[1:]))
+    assert all(not (a[0] in short and b[0] not in short and ra == rb)
+               for a, b, ra, rb in zip(items, items[1:], rank, rank[1:]))
+    for seq in short:  # its tiles one after another, the costliest first
+        at = [i for i, item in enumerate(items) if item[0] == seq]
+        assert at == list(range(at[0], at[0] + len(at))) and [costs[i] for i in at] == sorted(costs[i] for i in at)[::-1]
 
     assert plan.total_q == sum(seqlens_q) and plan.total_k == sum(seqlens_k)
     assert plan.max_seqlen_q == max(seqlens_q, default=0)

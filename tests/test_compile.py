@@ -137,13 +137,11 @@ def _attention_instructions(params: dict) -> dict[str, re.Pattern]:
     """The instructions each attention kernel is built on, by name."""
     tma = {"UTMALDG": re.compile(r"\bUTMALDG\.3D\b")}  # TMA tile loads of full tiles
     if params["mma"] == "wgmma":
-        wgmma = {**tma,
-                 # S = Q K^T from two shared-memory descriptors; O += P V with P from registers.
-                 "HGMMA SS": re.compile(rf"\bHGMMA\.64x{params['tile_n']}x16\.F32\.BF16 R\d+, gdesc\["),
-                 "HGMMA RS": re.compile(rf"\bHGMMA\.64x{params['head_dim']}x16\.F32\.BF16 R\d+, R\d+, gdesc\["),
-                 "UTMASTG": re.compile(r"\bUTMASTG\.3D\b")}  # full tiles of O stored by TMA
-        # The producer warpgroup gives its registers to the consumers; from three blocks an SM there is none.
-        return wgmma if params["min_blocks_per_sm"] >= 3 else {**wgmma, "setmaxnreg": re.compile(r"\bUSETMAXREG\b")}
+        return {**tma,
+                # S = Q K^T from two shared-memory descriptors; O += P V with P from registers.
+                "HGMMA SS": re.compile(rf"\bHGMMA\.64x{params['tile_n']}x16\.F32\.BF16 R\d+, gdesc\["),
+                "HGMMA RS": re.compile(rf"\bHGMMA\.64x{params['head_dim']}x16\.F32\.BF16 R\d+, R\d+, gdesc\["),
+                "UTMASTG": re.compile(r"\bUTMASTG\.3D\b")}  # full tiles of O stored by TMA
     return {**tma,
             "HMMA": re.compile(r"\bHMMA\.16816\.F32"),  # mma.sync m16n8k16, fp32 accumulators
             "LDSM": re.compile(r"\bLDSM\.16\.M88\.4\b"),  # ldmatrix x4 (K, Q)
@@ -151,6 +149,7 @@ def _attention_instructions(params: dict) -> dict[str, re.Pattern]:
 
 
 _CP_ASYNC = re.compile(r"\bLDGSTS\b")
+_SETMAXNREG = re.compile(r"\bUSETMAXREG\b")
 
 
 def _bf16_attention_variants():
@@ -169,6 +168,9 @@ def test_attention_sass_has_its_kernels_instructions_and_no_local_memory(name, t
         assert pattern.search(text), f"{variant.name}: no {what}"
     # Predicated cp.async exists only where an incomplete tile may take it.
     assert bool(_CP_ASYNC.search(text)) is (has_incomplete_tile and tail == "cp_async")
+    # Registers move between warpgroups only where a producer gives its own away.
+    if params["mma"] == "wgmma":
+        assert bool(_SETMAXNREG.search(text)) is (params["min_blocks_per_sm"] < 3), f"{variant.name}: setmaxnreg"
     local = [line.strip() for line in text.splitlines() if _LOCAL.search(line)]
     assert not local, f"{variant.name}: local memory accesses: {local[:5]}"
 
@@ -271,10 +273,9 @@ def test_sass_patterns_match_what_they_should():
     assert _LOCAL.search("/*0100*/ STL.64 [R1+0x8], R4 ;")
     assert _LOCAL.search("/*0100*/ LDL R4, [R1+0x8] ;")
     assert not _LOCAL.search("/*0100*/ LDG.E R4, desc[UR4][R2.64] ;")
-    wgmma = _attention_instructions({"mma": "wgmma", "tile_n": 112, "head_dim": 96, "min_blocks_per_sm": 1})
-    assert wgmma["setmaxnreg"].search("/*0090*/ USETMAXREG.DEALLOC.CTAPOOL 0x18 ;")
-    assert "setmaxnreg" not in _attention_instructions({"mma": "wgmma", "tile_n": 64, "head_dim": 128,
-                                                        "min_blocks_per_sm": 3})
+    wgmma = _attention_instructions({"mma": "wgmma", "tile_n": 112, "head_dim": 96})
+    assert _SETMAXNREG.search("/*0090*/ USETMAXREG.DEALLOC.CTAPOOL 0x18 ;")
+    assert not _SETMAXNREG.search("/*0090*/ UISETP.GE.AND UP0, UPT, UR4, 0x18, UPT ;")
     assert wgmma["UTMASTG"].search("/*f0e0*/ UTMASTG.3D [UR8], [UR4] ;")
     assert not wgmma["UTMASTG"].search("/*f0e0*/ UTMALDG.3D [UR8], [UR18], desc[UR30] ;")
     assert wgmma["HGMMA RS"].search("/*1f00*/ HGMMA.64x96x16.F32.BF16 R24, R152, gdesc[UR4], R24 ;")

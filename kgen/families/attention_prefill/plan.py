@@ -7,7 +7,8 @@ sequence's queries into tiles of ``tile_m`` rows and walks its keys in tiles of
 FlashAttention does when a sequence has more keys than queries) leaves each
 query tile a contiguous run of key tiles, possibly none. The planner computes
 those runs and orders the work so the costliest tiles start first, which keeps
-the last wave of a skewed batch short. Where the spec offers several tile
+the last wave of a skewed batch short, except that a short sequence's tiles run
+together so that the key tiles they share stay in L2 (:data:`SHORT_SEQUENCE_KEY_TILES`). Where the spec offers several tile
 shapes, :func:`choose_schedule` picks one per batch from the scores each would
 compute.
 
@@ -129,8 +130,10 @@ def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: in
     cost = n_end - n_begin
     costliest = np.zeros(len(lq), dtype=cost.dtype)
     np.maximum.at(costliest, seq, cost)
-    rank = np.where(costliest[seq] <= SHORT_SEQUENCE_KEY_TILES, costliest[seq], cost)
-    order = np.lexsort((q_tile, -cost, seq, -rank))
+    short = costliest[seq] <= SHORT_SEQUENCE_KEY_TILES
+    # Rank first (a long sequence's tile by its cost, a short sequence's by its costliest), long sequences' tiles
+    # before short ones of the same rank, then by sequence, cost and tile.
+    order = np.lexsort((q_tile, -cost, seq, short, -np.where(short, costliest[seq], cost)))
     # The bounds the plan is made for: the kernel addresses by them, and checks the call's cu_seqlens against them.
     starts_q, starts_k = np.cumsum(lq) - lq, np.cumsum(lk) - lk
     bounds = np.stack([starts_q, starts_q + lq, starts_k, starts_k + lk], axis=1)[seq[order]]
