@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from kgen.families.attention_prefill.contract import ATTENTION_WORK_FIELDS
 from kgen.families.attention_prefill.plan import (
-    SHORT_SEQUENCE_KEY_TILES, WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, plan_tiles, validate_window,
+    SHORT_SEQUENCE_KEY_TILES, WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, plan_tiles,
+    validate_window,
 )
 from kgen.runtime.checks import seqlens_from_cu
 
@@ -98,7 +99,8 @@ def check_against_model(seqlens_q: list[int], seqlens_k: list[int], tile_m: int,
                for a, b, ra, rb in zip(items, items[1:], rank, rank[1:]))
     for seq in short:  # its tiles one after another, the costliest first
         at = [i for i, item in enumerate(items) if item[0] == seq]
-        assert at == list(range(at[0], at[0] + len(at))) and [costs[i] for i in at] == sorted(costs[i] for i in at)[::-1]
+        assert at == list(range(at[0], at[0] + len(at)))
+        assert [costs[i] for i in at] == sorted((costs[i] for i in at), reverse=True)
 
     assert plan.total_q == sum(seqlens_q) and plan.total_k == sum(seqlens_k)
     assert plan.max_seqlen_q == max(seqlens_q, default=0)

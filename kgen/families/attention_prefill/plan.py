@@ -8,9 +8,9 @@ FlashAttention does when a sequence has more keys than queries) leaves each
 query tile a contiguous run of key tiles, possibly none. The planner computes
 those runs and orders the work so the costliest tiles start first, which keeps
 the last wave of a skewed batch short, except that a short sequence's tiles run
-together so that the key tiles they share stay in L2 (:data:`SHORT_SEQUENCE_KEY_TILES`). Where the spec offers several tile
-shapes, :func:`choose_schedule` picks one per batch from the scores each would
-compute.
+together so that the key tiles they share stay in L2 (:data:`SHORT_SEQUENCE_KEY_TILES`).
+Where the spec offers several tile shapes, :func:`choose_schedule` picks one per
+batch from the scores each would compute.
 
 Plans are built from host data only: reading ``cu_seqlens`` from the GPU would
 force a device-to-host synchronisation on every call.
