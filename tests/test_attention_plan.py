@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from kgen.families.attention_prefill.contract import ATTENTION_WORK_FIELDS
 from kgen.families.attention_prefill.plan import (
-    SHORT_SEQUENCE_KEY_TILES, WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, plan_tiles,
+    WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, plan_tiles,
     validate_window,
 )
 from kgen.runtime.checks import seqlens_from_cu
@@ -85,22 +85,15 @@ def check_against_model(seqlens_q: list[int], seqlens_k: list[int], tile_m: int,
     assert [tuple(item[2:]) for item in plan.work.tolist()] == [
         (starts_q[seq], starts_q[seq + 1], starts_k[seq], starts_k[seq + 1]) for seq, _ in items]
     assert [expected_cost[item] for item in items] == costs
-    # Costliest first, except that a short sequence's tiles run together, ranked by its costliest.
+    # A sequence's tiles one after another, the costliest first; the sequences by their costliest, then by index.
     costliest = {}
     for (seq, _), cost in zip(items, costs):
         costliest[seq] = max(costliest.get(seq, 0), cost)
-    short = {seq for seq, most in costliest.items() if most <= SHORT_SEQUENCE_KEY_TILES}
-    rank = [costliest[seq] if seq in short else cost for cost, (seq, _) in zip(costs, items)]
-    assert all(a >= b for a, b in zip(rank, rank[1:]))
-    # Long sequences' tiles costliest first, equal costs by (seq, tile), and before short sequences of their rank.
-    long_order = [(-cost, item) for cost, item in zip(costs, items) if item[0] not in short]
-    assert all(a < b for a, b in zip(long_order, long_order[1:]))
-    assert all(not (a[0] in short and b[0] not in short and ra == rb)
-               for a, b, ra, rb in zip(items, items[1:], rank, rank[1:]))
-    for seq in short:  # its tiles one after another, the costliest first
-        at = [i for i, item in enumerate(items) if item[0] == seq]
-        assert at == list(range(at[0], at[0] + len(at)))
-        assert [costs[i] for i in at] == sorted((costs[i] for i in at), reverse=True)
+    sequences = [seq for i, (seq, _) in enumerate(items) if i == 0 or items[i - 1][0] != seq]
+    assert len(sequences) == len(set(sequences))
+    assert sequences == sorted(sequences, key=lambda seq: (-costliest[seq], seq))
+    assert all((a[0], -ca, a[1]) < (b[0], -cb, b[1])
+               for a, b, ca, cb in zip(items, items[1:], costs, costs[1:]) if a[0] == b[0])
 
     assert plan.total_q == sum(seqlens_q) and plan.total_k == sum(seqlens_k)
     assert plan.max_seqlen_q == max(seqlens_q, default=0)
@@ -226,21 +219,21 @@ def test_sliding_window_bounds_both_sides():
 
 
 def test_causal_plan_runs_longest_tiles_first():
-    plan = plan_tiles([256, 100], [256, 100], tile_m=64, tile_n=64, causal=True, window=(-1, -1))
-    # The second sequence's two tiles (2 and 1 key tiles) run together, where its costliest ranks it.
-    assert work_items(plan) == [(0, 3), (0, 2), (0, 1), (1, 1), (1, 0), (0, 0)]
-    assert plan.num_key_tiles.tolist() == [4, 3, 2, 2, 1, 1]
+    plan = plan_tiles([100, 256], [100, 256], tile_m=64, tile_n=64, causal=True, window=(-1, -1))
+    # The longer sequence first, its tiles costliest first, then the shorter one's.
+    assert work_items(plan) == [(1, 3), (1, 2), (1, 1), (1, 0), (0, 1), (0, 0)]
+    assert plan.num_key_tiles.tolist() == [4, 3, 2, 1, 2, 1]
     assert (plan.max_seqlen_q, plan.max_seqlen_k, plan.total_q, plan.total_k) == (256, 256, 356, 356)
     assert plan.has_incomplete_tile  # 100 is not a multiple of 64
 
 
-def test_a_short_sequences_tiles_run_together_so_their_keys_stay_in_l2():
-    # Seed 000's L = 128 in 64-row tiles: each sequence's two-tile item, then its one-tile item that reads the
-    # same first key tile; three-tile sequences keep costliest first across sequences.
+def test_a_sequences_tiles_run_together_so_their_keys_stay_in_l2():
+    # Seed 000's L = 128 and 192 in 64-row tiles: each sequence's tiles one after another, all reading its first
+    # key tile, before the next sequence's.
     plan = plan_tiles([128] * 3, [128] * 3, tile_m=64, tile_n=64, causal=True, window=(-1, -1))
     assert work_items(plan) == [(0, 1), (0, 0), (1, 1), (1, 0), (2, 1), (2, 0)]
     plan = plan_tiles([192] * 2, [192] * 2, tile_m=64, tile_n=64, causal=True, window=(-1, -1))
-    assert work_items(plan) == [(0, 2), (1, 2), (0, 1), (1, 1), (0, 0), (1, 0)]
+    assert work_items(plan) == [(0, 2), (0, 1), (0, 0), (1, 2), (1, 1), (1, 0)]
 
 
 def test_a_partial_key_tile_alone_needs_the_incomplete_tile_variant():

@@ -4,10 +4,6 @@ choice and cuDNN (SDPA on the same sequences as a dense batch), for calibrating 
     KGEN_SPEC_PATH=my_specs python3 tools/prefill_tile_probe.py --lengths 64,65,128 \\
         --shapes wgmma:128:128,wgmma:64:64,mma_sync:64:64
 
-``--short-key-tiles 0,2,4,8`` also times each shape with each of those values of the planner's
-SHORT_SEQUENCE_KEY_TILES (the work order: a sequence whose tiles visit at most that many key tiles runs them
-together; 0 is costliest first throughout), as shape@value.
-
 Each line is JSON: length, shape ("plan" for the planner's choice, "cudnn" for the peer), the median ms of
 ``--rounds`` rounds (each round times every shape once, in the same order, so that drift is shared), and for
 kgen's shapes the worst rel L2 against float64 of the first and last sequence with the output poisoned first.
@@ -16,17 +12,14 @@ kgen's shapes the worst rel L2 against float64 of the first and last sequence wi
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
 from pathlib import Path
-from unittest import mock
 
 import torch
 
 import kgen  # noqa: F401  (first, from PYTHONPATH's tree: bench/common puts this checkout on sys.path)
-from kgen.families.attention_prefill import plan as plan_module
 from kgen.ops import plan_attention_varlen
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -40,9 +33,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="32,63,64,65,127,128,129,255,256,257")
     parser.add_argument("--shapes", default="wgmma:128:128,mma_sync:64:64", help="mma:tile_m:tile_n, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--short-key-tiles", default="", help="values of SHORT_SEQUENCE_KEY_TILES, comma-separated")
     args = parser.parse_args()
-    orders = [int(x) for x in args.short_key_tiles.split(",") if x]
     gen = torch.Generator(device="cuda").manual_seed(0)
     forced = [dict(zip(("mma", "tile_m", "tile_n"), (m, int(a), int(b))))
               for m, a, b in (s.split(":") for s in args.shapes.split(","))]
@@ -50,13 +41,10 @@ def main() -> None:
         batch = make_batch(sweep_seqs(length), length, gen)
         calls, errors = {}, {}
         shapes = [("plan", {}), *((f"{o['mma']}:{o['tile_m']}:{o['tile_n']}", o) for o in forced)]
-        for name, options, order in [(name, options, None) for name, options in shapes] + [
-                (f"{name}@{order}", options, order) for name, options in shapes for order in orders]:
+        for name, options in shapes:
             try:
-                with (contextlib.nullcontext() if order is None else
-                      mock.patch.object(plan_module, "SHORT_SEQUENCE_KEY_TILES", order)):
-                    plan = plan_attention_varlen(batch.cu_host, batch.cu_host, head_dim=SWEEP_HEAD_DIM, causal=True,
-                                                 device="cuda", **options)
+                plan = plan_attention_varlen(batch.cu_host, batch.cu_host, head_dim=SWEEP_HEAD_DIM, causal=True,
+                                             device="cuda", **options)
             except ValueError as exc:  # a shape this tree's spec lacks
                 print(json.dumps({"length": length, "shape": name, "error": str(exc)[:200]}), flush=True)
                 continue

@@ -6,9 +6,9 @@ sequence's queries into tiles of ``tile_m`` rows and walks its keys in tiles of
 ``tile_n``. The mask (causal and/or a sliding window, bottom-right aligned as
 FlashAttention does when a sequence has more keys than queries) leaves each
 query tile a contiguous run of key tiles, possibly none. The planner computes
-those runs and orders the work so the costliest tiles start first, which keeps
-the last wave of a skewed batch short, except that a short sequence's tiles run
-together so that the key tiles they share stay in L2 (:data:`SHORT_SEQUENCE_KEY_TILES`).
+those runs and orders the work by sequence, so that the key tiles a sequence's
+query tiles share stay in L2, the costliest sequences and tiles first, which keeps
+the last wave of a skewed batch short (:func:`plan_tiles`).
 Where the spec offers several tile shapes, :func:`choose_schedule` picks one per
 batch from the scores each would compute.
 
@@ -97,19 +97,17 @@ def _key_tile_bounds(first_row, lq, lk, *, tile_m: int, tile_n: int, window: tup
     return np.where(visible, first_key // tile_n, 0), np.where(visible, last_key // tile_n + 1, 0)
 
 
-#: A sequence whose costliest query tile visits at most this many key tiles has its tiles run one after another
-#: (the costliest first, the sequences ordered by their costliest), so that the K/V tiles they share are still in
-#: L2 for the second: ordered costliest first across sequences, the one-tile item of every 128-token sequence ran
-#: long after its two-tile item and read the first K/V tile from DRAM again (ncu: 2.00 GB moved where 1.61 GB
-#: suffice; bench/NOTES.md, twenty-fourth session). Longer sequences' tiles stay costliest first across
-#: sequences, which keeps the last wave short; for two-tile sequences the last wave loses at most one tile.
-SHORT_SEQUENCE_KEY_TILES = 2
-
-
 def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: int, tile_n: int, causal: bool,
                window: tuple[int, int]) -> TileSchedule:
-    """Every query tile of every sequence with queries, costliest first (ties by sequence, then tile), except that
-    a short sequence's tiles run together (see :data:`SHORT_SEQUENCE_KEY_TILES`)."""
+    """Every query tile of every sequence with queries, a sequence's tiles one after another (costliest first,
+    ties by tile), the sequences ordered by their costliest tile (ties by sequence).
+
+    A sequence's query tiles read the same K/V tiles, so running them together serves every read after the first
+    from L2: ordered costliest first across sequences, a 128-token sequence's second 64-row tile ran long after its
+    first and read the first K/V tile from DRAM again (ncu: 2.00 GB moved where 1.61 GB suffice), and grouping cut
+    0.50 to 0.42 ms at seed 000's L = 128, 0.70 to 0.51 ms at L = 256 (bench/NOTES.md, twenty-fifth session). The
+    order is still longest first where it decides the last wave: the sequences go costliest first, so the last
+    tiles to start are the cheap ones of the shortest sequence."""
     lq = check_seqlens("seqlens_q", seqlens_q)
     lk = check_seqlens("seqlens_k", seqlens_k)
     if len(lk) != len(lq):
@@ -130,10 +128,7 @@ def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: in
     cost = n_end - n_begin
     costliest = np.zeros(len(lq), dtype=cost.dtype)
     np.maximum.at(costliest, seq, cost)
-    short = costliest[seq] <= SHORT_SEQUENCE_KEY_TILES
-    # Rank first (a long sequence's tile by its cost, a short sequence's by its costliest), long sequences' tiles
-    # before short ones of the same rank, then by sequence, cost and tile.
-    order = np.lexsort((q_tile, -cost, seq, short, -np.where(short, costliest[seq], cost)))
+    order = np.lexsort((q_tile, -cost, seq, -costliest[seq]))
     # The bounds the plan is made for: the kernel addresses by them, and checks the call's cu_seqlens against them.
     starts_q, starts_k = np.cumsum(lq) - lq, np.cumsum(lk) - lk
     bounds = np.stack([starts_q, starts_q + lq, starts_k, starts_k + lk], axis=1)[seq[order]]

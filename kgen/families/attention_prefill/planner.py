@@ -101,7 +101,7 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
                           device: torch.device | str | int | None = None, tail: str | None = None,
                           tile_m: int | None = None, tile_n: int | None = None, mma: str | None = None
                           ) -> AttentionPlan:
-    """Plan a batch on the host: tile shape and schedule (longest tiles first, a short sequence's together: see
+    """Plan a batch on the host: tile shape and schedule (by sequence, the costliest first: see
     :func:`~kgen.families.attention_prefill.plan.plan_tiles`), maximum lengths, has_incomplete_tile.
 
     ``cu_seqlens_q`` / ``cu_seqlens_k`` are host data (lists or CPU tensors) of
