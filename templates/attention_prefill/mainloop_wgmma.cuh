@@ -9,11 +9,8 @@
 // softmax of tile j runs while the tensor cores add tile j - 1.
 //
 // At three or more blocks an SM (tile_m 64 only) a block is one warpgroup and no producer: its first thread
-// issues the loads (docs/prefill_short_sequences.md, step 2b). K has one buffer, and V two where three blocks'
-// shared memory still fits (tile_n 64), else one; a buffer is refilled once every warp is done with it. Its
-// loop overlaps as the consumers' above: S of tile i and P V of tile i - 1 issue together, and the softmax of
-// tile i runs while P V adds tile i - 1 (ncu at L = 512 found the serial loop latency-bound: the tensor
-// pipe 44% busy with three blocks an SM, 6.4 cycles per instruction).
+// issues the loads, and K and V have one buffer each, refilled once every warp is done with it. Short items then
+// overlap across blocks, not inside one (docs/prefill_short_sequences.md, step 2b).
 //
 // Config: T, kHeadDim, kTileM, kTileN, kWarps, kMinBlocksPerSm, kHasIncompleteTile, kCpAsyncTail
 // and kTmaTail (incomplete tiles load by cp.async, or as whole TMA boxes); kernel.cu.j2 defines it.
@@ -35,24 +32,18 @@ struct WgmmaKernel {
     static constexpr int kConsumerGroups = kTileM / 64;
     static constexpr int kConsumerThreads = kConsumerGroups * kWarpgroupThreads;
     static constexpr int kThreads = kConsumerThreads + (kSingleWarpgroup ? 0 : kWarpgroupThreads);
-    static constexpr int kKBuffers = kSingleWarpgroup ? 1 : 2;
+    static constexpr int kKVBuffers = kSingleWarpgroup ? 1 : 2;  // of K, and of V
 
     using QTile = attention::Tile<T, kHeadDim, kTileM>;
     using KVTile = attention::Tile<T, kHeadDim, kTileN>;
     static constexpr int kQBytes = QTile::kBytes, kKVTileBytes = KVTile::kBytes;
-    // A single warpgroup's second V buffer, where kMinBlocksPerSm blocks with it fit in 227 KB (the host's
-    // contract makes the same choice).
-    static constexpr bool kSecondValueBufferFits =
-        Config::kMinBlocksPerSm * (kSwizzleAlignment + kQBytes + 3 * kKVTileBytes + 128) <= 227 * 1024;
-    static constexpr int kVBuffers = kSingleWarpgroup && !kSecondValueBufferFits ? 1 : 2;
     static constexpr int kSpanBytes = QTile::kSpanBytes, kSpanCols = QTile::kSpanCols, kSpans = QTile::kSpans;
     static constexpr int kRowChunks = QTile::kRowChunks;
     // Full and empty mbarriers for two K and two V buffers, and Q's: 8 bytes each (a single warpgroup uses
     // the full ones of its one K and one V buffer, and Q's).
     static constexpr int kBarrierBytes = 128;
     static_assert(9 * 8 <= kBarrierBytes, "room for nine mbarriers");
-    static_assert(kBarrierBytes == 128, "kSecondValueBufferFits counts 128 bytes of mbarriers");
-    using Smem = SharedMemory<QTile, KVTile, kBarrierBytes, kKBuffers, kVBuffers>;
+    using Smem = SharedMemory<QTile, KVTile, kBarrierBytes, kKVBuffers>;
     static constexpr int kDynamicSmemBytes = Smem::kDynamicBytes;
     // A consumer warpgroup's 64 rows: one row block of the softmax's fragments per warp.
     using RowState = attention::RowState<1, kHeadDim>;
@@ -92,12 +83,11 @@ struct WgmmaKernel {
     // Above one block an SM ptxas compiles the consumers' products within the registers a thread starts with
     // (the block's share over its threads, in eights): head dim 256 at two blocks failed to compile ("insufficient
     // registers (128) to compile instruction"), and a single warpgroup at four blocks serialised its wgmma, so such
-    // shapes are refused here, before ptxas. A single warpgroup also holds the loads' addresses and its buffers'
-    // fills: 40 beside S, P and O (its 64x96 tile, at 3/4 tile_n + head_dim / 2 + 32 = 168, spilled 16-56 bytes).
+    // shapes are refused here, before ptxas. A single warpgroup also holds the loads' addresses: 32 beside S, P and O.
     static constexpr int kStartRegisters = kBlockRegisters / kThreads / 8 * 8;
-    static_assert(Config::kMinBlocksPerSm == 1 || kTileN * 3 / 4 + kHeadDim / 2 + (kSingleWarpgroup ? 40 : 16) <= kStartRegisters,
+    static_assert(Config::kMinBlocksPerSm == 1 || kTileN * 3 / 4 + kHeadDim / 2 + (kSingleWarpgroup ? 32 : 16) <= kStartRegisters,
                   "attention_prefill: with mma=wgmma above one block an SM, tile_n, head_dim or min_blocks_per_sm is too "
-                  "large: S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 16 (40 from three blocks) of the registers "
+                  "large: S, P and O of 64 rows need 3/4 tile_n + head_dim / 2 + 16 (32 from three blocks) of the registers "
                   "a thread starts with (65536 / (threads x min_blocks_per_sm))");
     static constexpr int kConsumerWarps = kConsumerThreads / 32;
     static constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads')
@@ -180,13 +170,13 @@ struct WgmmaKernel {
     __device__ static __forceinline__ void run(const Args& args) {
         extern __shared__ unsigned char smem_raw[];
         const Smem smem(smem_raw);
-        const unsigned s_q = smem.q, s_k = smem.k, s_v = smem.v;  // K: kKBuffers stages, V: kVBuffers
+        const unsigned s_q = smem.q, s_k = smem.k, s_v = smem.v;  // K and V: kKVBuffers stages each
         const Barriers bars{smem.barriers};
         if (threadIdx.x == 0) {
-            for (int stage = 0; stage < kKBuffers; ++stage) mbarrier_init(bars.k_full(stage), 1);
-            for (int stage = 0; stage < kVBuffers; ++stage) mbarrier_init(bars.v_full(stage), 1);
-            if constexpr (!kSingleWarpgroup) {
-                for (int stage = 0; stage < 2; ++stage) {
+            for (int stage = 0; stage < kKVBuffers; ++stage) {
+                mbarrier_init(bars.k_full(stage), 1);
+                mbarrier_init(bars.v_full(stage), 1);
+                if constexpr (!kSingleWarpgroup) {
                     mbarrier_init(bars.k_empty(stage), kConsumerWarps);
                     mbarrier_init(bars.v_empty(stage), kConsumerWarps);
                 }
@@ -264,57 +254,41 @@ struct WgmmaKernel {
                 RowFactors correction;
                 // L2 policies as the producer's: Q is read once, K and V again by the sequence's other tiles and heads.
                 const unsigned long long read_once = l2_evict_first(), read_again = l2_evict_last();
-                // Key tile j is the j-th fill of the K buffer (phase j & 1); its V is fill j / kVBuffers of V buffer
-                // j % kVBuffers.
-                auto values_of = [&](int j) { return s_v + (j % kVBuffers) * kKVTileBytes; };
-                auto values_full = [&](int j) { return bars.v_full(j % kVBuffers); };
-                auto values_parity = [&](int j) { return static_cast<unsigned>(j / kVBuffers) & 1; };
-                auto load_keys = [&](int j) {
-                    load_key_tile(s_k, args.map_k, first_key(j), tile.kv_head, bars.k_full(0), read_again);
-                };
-                auto load_values = [&](int j) {
-                    load_key_tile(values_of(j), args.map_v, first_key(j), tile.kv_head, values_full(j), read_again);
-                };
                 if (consumer_thread == 0) {
                     mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
                     attention::load_tile_tma<QTile>(s_q, args.map_q, tile.q_start + tile.row0, tile.head, bars.q_full(), read_once);
-                    load_keys(0);
-                    for (int j = 0; j < kVBuffers && j < num_tiles; ++j) load_values(j);
+                    load_key_tile(s_k, args.map_k, first_key(0), tile.kv_head, bars.k_full(0), read_again);
+                    load_key_tile(s_v, args.map_v, first_key(0), tile.kv_head, bars.v_full(0), read_again);
                 }
                 mbarrier_wait(bars.q_full(), 0);
-                mbarrier_wait(bars.k_full(0), 0);
-                issue_scores(s, q_rows, s_k);
-                wgmma_wait<0>();
-                fence_operands(s[0]);
-                named_barrier_sync(kConsumerBarrier, kConsumerThreads);  // every warp's S has read K
-                if (consumer_thread == 0 && num_tiles > 1) load_keys(1);
-                mask_if_crossing(s, tile.n_begin * kTileN);
-                attention::softmax_update(s, state, args.scale_log2, correction);  // O is still 0: no rescale
-                attention::pack_probabilities<T>(s, p);
-                for (int i = 1; i < num_tiles; ++i) {
-                    mbarrier_wait(bars.k_full(0), i & 1);
-                    mbarrier_wait(values_full(i - 1), values_parity(i - 1));  // not the last tile: nothing to clear
+                for (int i = 0; i < num_tiles; ++i) {
+                    // Tile i is the i-th fill of the one K and one V buffer: phase i of their full barriers.
+                    const unsigned parity = i & 1;
+                    const int key0 = (tile.n_begin + i) * kTileN;
+                    mbarrier_wait(bars.k_full(0), parity);
                     issue_scores(s, q_rows, s_k);
-                    issue_pv(state, p, values_of(i - 1));
-                    wgmma_wait<1>();  // S of tile i has landed; P V of tile i - 1 may still run
+                    wgmma_wait<0>();
                     fence_operands(s[0]);
                     named_barrier_sync(kConsumerBarrier, kConsumerThreads);  // every warp's S has read K
-                    if (consumer_thread == 0 && i + 1 < num_tiles) load_keys(i + 1);
-                    mask_if_crossing(s, (tile.n_begin + i) * kTileN);
+                    if (consumer_thread == 0 && i + 1 < num_tiles) {
+                        load_key_tile(s_k, args.map_k, first_key(i + 1), tile.kv_head, bars.k_full(0), read_again);
+                    }
+                    mask_if_crossing(s, key0);
                     attention::softmax_update(s, state, args.scale_log2, correction);
+                    if (i > 0) attention::rescale_output(state, correction);  // O holds tiles 0..i-1, all added
+                    attention::pack_probabilities<T>(s, p);
+                    mbarrier_wait(bars.v_full(0), parity);
+                    clear_values_past_end(s_v, key0);
+                    issue_pv(state, p, s_v);
                     wgmma_wait<0>();
                     fence_operands(state.o[0]);
-                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);  // every warp's P V has read its V buffer
-                    if (consumer_thread == 0 && i - 1 + kVBuffers < num_tiles) load_values(i - 1 + kVBuffers);
-                    attention::rescale_output(state, correction);
-                    attention::pack_probabilities<T>(s, p);
+                    if (i + 1 < num_tiles) {  // the epilogue does not touch V
+                        named_barrier_sync(kConsumerBarrier, kConsumerThreads);  // every warp's P V has read V
+                        if (consumer_thread == 0) {
+                            load_key_tile(s_v, args.map_v, first_key(i + 1), tile.kv_head, bars.v_full(0), read_again);
+                        }
+                    }
                 }
-                const int last = num_tiles - 1;
-                mbarrier_wait(values_full(last), values_parity(last));
-                clear_values_past_end(values_of(last), (tile.n_begin + last) * kTileN);
-                issue_pv(state, p, values_of(last));
-                wgmma_wait<0>();
-                fence_operands(state.o[0]);
             }
         } else if (num_tiles > 0) {
             Scores s;

@@ -35,22 +35,15 @@ def _attention_prefill(params: Mapping[str, Any]) -> LaunchContract:
     span_bytes = min(row_bytes, 128)
     tile_row_bytes = -(-row_bytes // span_bytes) * span_bytes
     mma = params["mma"]
-    # wgmma from three blocks an SM: one warpgroup, no producer, one K buffer and one or two of V (its template
-    # says why).
+    # wgmma from three blocks an SM: one warpgroup, no producer, one buffer each of K and V (its template says why).
     single_warpgroup = mma == "wgmma" and params["min_blocks_per_sm"] >= 3
-    q_bytes, kv_tile_bytes = params["tile_m"] * tile_row_bytes, params["tile_n"] * tile_row_bytes
-    barrier_bytes = ATTENTION_BARRIER_BYTES[mma]
-    if single_warpgroup:
-        # A second V buffer where min_blocks_per_sm blocks with it still fit in 227 KB.
-        with_second = SWIZZLE_ALIGNMENT + q_bytes + 3 * kv_tile_bytes + barrier_bytes
-        kv_tiles = 3 if params["min_blocks_per_sm"] * with_second <= 227 * 1024 else 2
-    else:
-        kv_tiles = 4  # two buffers each of K and V
+    # One Q tile, and two buffers each of K and V (one in a single warpgroup).
+    tile_bytes = (params["tile_m"] + (2 if single_warpgroup else 4) * params["tile_n"]) * tile_row_bytes
     # wgmma: num_warps consumer warps (a warpgroup per 64 query rows) and a producer warpgroup.
     threads = params["num_warps"] * 32 + (WARPGROUP_THREADS if mma == "wgmma" and not single_warpgroup else 0)
     return LaunchContract(
         threads=threads,
-        dynamic_smem_bytes=SWIZZLE_ALIGNMENT + q_bytes + kv_tiles * kv_tile_bytes + barrier_bytes,
+        dynamic_smem_bytes=SWIZZLE_ALIGNMENT + tile_bytes + ATTENTION_BARRIER_BYTES[mma],
         # The box's span is also its swizzle width.
         sizes={"q_box_rows": params["tile_m"], "kv_box_rows": params["tile_n"], "box_span_bytes": span_bytes,
                "work_fields": len(ATTENTION_WORK_FIELDS)},
