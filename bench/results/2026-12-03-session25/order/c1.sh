@@ -13,7 +13,7 @@ for r in rows:
 for L,d in t.items(): print(L, ' '.join(f"{k}={v}" for k,v in d.items()))
 PY
 for L in 128; do
-timeout 60 ncu --profile-from-start off --kernel-name regex:attention_prefill --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --metrics dram__bytes.sum,lts__t_sector_hit_rate.pct python3 .ab3/s25/ncu_case.py $L > $OUT/c1/ncu_L$L.txt 2>&1; echo "L=$L rc=$?"
+timeout 60 ncu --profile-from-start off --kernel-name regex:attention_prefill --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --metrics dram__bytes.sum,lts__t_sector_hit_rate.pct python3 bench/results/2026-12-03-session24/ncu/ncu_case.py $L > $OUT/c1/ncu_L$L.txt 2>&1; echo "L=$L rc=$?"
 done
 grep -h -E "Duration|DRAM Throughput|dram__bytes|hit_rate" $OUT/c1/ncu_L*.txt | cut -c1-150
 timeout 300 python3 bench/run_all.py --out $OUT/c1/run --benchmarks "attention,attention sweep" > $OUT/c1/run_all.log 2>&1; echo run_all rc=$?
