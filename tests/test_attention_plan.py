@@ -218,7 +218,7 @@ def test_sliding_window_bounds_both_sides():
     assert key_ranges(3, 3, (0, 0)) == [(0, 1), (1, 2), (2, 3)]
 
 
-def test_causal_plan_runs_longest_tiles_first():
+def test_causal_plan_runs_the_costliest_sequence_first():
     plan = plan_tiles([100, 256], [100, 256], tile_m=64, tile_n=64, causal=True, window=(-1, -1))
     # The longer sequence first, its tiles costliest first, then the shorter one's.
     assert work_items(plan) == [(1, 3), (1, 2), (1, 1), (1, 0), (0, 1), (0, 0)]
