@@ -106,9 +106,8 @@ def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: in
     from L2: ordered costliest first across sequences, a 128-token sequence's one-key-tile item ran long after its
     two-key-tile item and read the first K/V tile from DRAM again (ncu: 2.00 GB moved where 1.61 GB suffice), and
     grouping cut 0.52 to 0.42 ms at seed 000's L = 128, 0.70 to 0.51 ms at L = 256 in 64x64 tiles (bench/NOTES.md,
-    twenty-fifth session). The
-    order is still longest first where it decides the last wave: the sequences go costliest first, so the last
-    tiles to start are the cheap ones of the shortest sequence."""
+    twenty-fifth session). The order is still longest first where it decides the last wave: the sequences go
+    costliest first, so the last tiles to start are the cheap ones of the shortest sequence."""
     lq = check_seqlens("seqlens_q", seqlens_q)
     lk = check_seqlens("seqlens_k", seqlens_k)
     if len(lk) != len(lq):
