@@ -83,6 +83,8 @@ AXIS_VALUE_SCHEMAS: dict[str, dict] = {
     # Specialisation chosen from batch metadata: False means every tile is
     # full, and the generated code has no tail body at all.
     "has_incomplete_tile": {"type": "boolean"},
+    # Whose rows a tile holds: one sequence's, or consecutive tokens of several short ones (attention prefill).
+    "rows": {"enum": ["per_sequence", "packed"]},
     "rows_per_thread": {**_positive_int, "maximum": 16},
     # How a recurrent state [K, V] is stored: "kv" (fla's), or "vk" (vLLM's, sglang's, FlashInfer's).
     "state_layout": {"enum": ["kv", "vk"]},

@@ -38,6 +38,12 @@ def kernels() -> list[tuple[str | None, int, int | None, str]]:
     return listed + [(None, d, None, t) for d, t in sorted({(d, t) for _, d, _, t in listed})]
 
 
+def packed_shapes() -> list[tuple[int, int]]:
+    """(head_dim, tile_n) of every packed variant the spec lists (rows=packed: tiles of consecutive tokens)."""
+    return sorted({(v.param_dict["head_dim"], v.param_dict["tile_n"])
+                   for v in registry.current().family("attention_prefill").variants if v.param_dict["rows"] == "packed"})
+
+
 def whole_tile_length(kernel) -> int:
     """The shortest length that is whole query and key tiles of every shape the kernel (or the planner) may run."""
     mma, head_dim, tile_m, _ = kernel
@@ -96,7 +102,7 @@ def poison_sequence(q, k, v, seqlens_q, seqlens_k, index):
 
 
 def run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, dtype, causal, window, use_sink, seed, use_plan=True,
-             tail=None, tile_m=None, poisoned=None, mma=None):
+             tail=None, tile_m=None, poisoned=None, mma=None, tile_n=None, rows=None):
     """One batch against the float64 reference; with ``poisoned`` (a sequence index), that sequence's
     inputs are NaN/Inf and every other sequence must still match exactly as without it."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -110,9 +116,9 @@ def run_case(seqlens_q, seqlens_k, heads_kv, group, head_dim, dtype, causal, win
     cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0).tolist()), dtype=torch.int32)
     cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0).tolist()), dtype=torch.int32)
     plan = (plan_attention_varlen(cu_q, cu_k, head_dim=head_dim, dtype=dtype, causal=causal, window=window, tail=tail,
-                                  tile_m=tile_m, mma=mma) if use_plan else None)
-    if tile_m is not None:
-        assert plan.variant.param_dict["tile_m"] == tile_m
+                                  tile_m=tile_m, mma=mma, tile_n=tile_n, rows=rows) if use_plan else None)
+    for axis, value in (("tile_m", tile_m), ("tile_n", tile_n), ("rows", rows)):
+        assert value is None or plan.variant.param_dict[axis] == value, axis
     if mma is not None:
         assert plan.variant.param_dict["mma"] == mma
     out = torch.full((total_q, heads_q, head_dim), float("nan"), dtype=dtype, device="cuda")
@@ -225,6 +231,44 @@ def test_poisoned_neighbours_on_random_batches(seqs, data, kernel, causal, windo
              tile_m=tile_m, poisoned=poisoned, mma=mma)
 
 
+self_lengths = st.one_of(st.integers(0, 200), st.sampled_from([1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seqlens=st.lists(self_lengths, min_size=1, max_size=8), shape=st.sampled_from(packed_shapes()),
+    heads_kv=st.sampled_from([1, 2]), group=st.sampled_from([1, 2, 4]), dtype=st.sampled_from(list(DTYPES)),
+    causal=st.booleans(), use_sink=st.booleans(), seed=st.integers(0, 2**31 - 1),
+)
+def test_packed_tiles_match_reference(seqlens, shape, heads_kv, group, dtype, causal, use_sink, seed):
+    head_dim, tile_n = shape
+    run_case(seqlens, seqlens, heads_kv, group, head_dim, DTYPES[dtype], causal, (-1, -1), use_sink, seed,
+             tile_n=tile_n, rows="packed")
+
+
+@pytest.mark.parametrize("lengths", [[65] * 6, [1] * 70, [3, 1, 7, 60, 2, 0, 64, 1, 5], [129, 130, 1, 2, 200]],
+                         ids=["65s", "1s", "mixed", "long"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", packed_shapes(), ids=lambda s: f"hd{s[0]}-n{s[1]}")
+def test_packed_tiles_keep_poisoned_neighbours_out(lengths, causal, shape):
+    """Tiles of several sequences: each poisoned sequence in turn (NaN q and k, +-Inf v) must reach no other row,
+    though P V multiplies every row of a tile by every V row of it (the kernel's guard zeroes those rows)."""
+    head_dim, tile_n = shape
+    for poisoned in sorted({0, 1, len(lengths) // 2, len(lengths) - 1}):
+        run_case(lengths, lengths, 2, 2, head_dim, torch.bfloat16, causal, (-1, -1), False, seed=poisoned,
+                 tile_n=tile_n, poisoned=poisoned, rows="packed")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seqlens=st.lists(self_lengths, min_size=2, max_size=8), data=st.data(), shape=st.sampled_from(packed_shapes()),
+       causal=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_packed_tiles_keep_poisoned_neighbours_out_on_random_batches(seqlens, data, shape, causal, seed):
+    poisoned = data.draw(st.integers(0, len(seqlens) - 1), label="poisoned")
+    head_dim, tile_n = shape
+    run_case(seqlens, seqlens, 1, 2, head_dim, torch.float16, causal, (-1, -1), True, seed, tile_n=tile_n,
+             poisoned=poisoned, rows="packed")
+
+
 def test_without_a_plan_the_op_plans_for_itself():
     run_case([100, 0, 33], [90, 5, 70], 2, 2, 64, torch.float16, True, (-1, -1), True, seed=3, use_plan=False)
 
@@ -303,15 +347,18 @@ def test_windows_wider_than_any_sequence_equal_unbounded(window, equivalent):
 
 
 
-@pytest.mark.parametrize("kernel", [k for k in kernels() if k[2] is not None], ids=kernel_id)
+@pytest.mark.parametrize("kernel", [k for k in kernels() if k[2] is not None] + [(None, d, None, "packed") for d, _ in packed_shapes()],
+                         ids=kernel_id)
 def test_two_runs_are_bitwise_equal(kernel):
     mma, head_dim, tile_m, tail = kernel
     lengths = [300, 1, 129, 700]
     cu = torch.tensor([0, 300, 301, 430, 1130], dtype=torch.int32)
     gen = torch.Generator(device="cuda").manual_seed(head_dim)
     q, k, v = (torch.randn((1130, 4, head_dim), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
-    plan = plan_attention_varlen(cu, cu, head_dim=head_dim, causal=True, tail=tail, tile_m=tile_m, mma=mma)
-    assert plan.variant.param_dict["mma"] == mma and sum(lengths) == 1130
+    rows = "packed" if tail == "packed" else "per_sequence"
+    plan = plan_attention_varlen(cu, cu, head_dim=head_dim, causal=True, tail=None if rows == "packed" else tail,
+                                 tile_m=tile_m, mma=mma, rows=rows)
+    assert mma in (None, plan.variant.param_dict["mma"]) and sum(lengths) == 1130
     first = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan, return_lse=True)
     second = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan, return_lse=True)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
@@ -334,9 +381,21 @@ _PLAN_MISUSES = {
 @pytest.mark.parametrize("kernel", kernels(), ids=kernel_id)
 def test_a_plan_used_with_other_cu_seqlens_gives_nan_to_the_moved_sequences_alone(kernel, misuse):
     mma, head_dim, tile_m, tail = kernel
+    check_misuse(misuse, head_dim, tail=tail, tile_m=tile_m, mma=mma, rows="per_sequence")
+
+
+@pytest.mark.parametrize("misuse", sorted(_PLAN_MISUSES))
+@pytest.mark.parametrize("shape", packed_shapes(), ids=lambda s: f"hd{s[0]}-n{s[1]}")
+def test_a_packed_plan_used_with_other_cu_seqlens_gives_nan_to_the_moved_sequences_alone(shape, misuse):
+    head_dim, tile_n = shape
+    check_misuse(misuse, head_dim, tile_n=tile_n, rows="packed")
+
+
+def check_misuse(misuse, head_dim, **plan_options):
     lengths, call_q, call_k = _PLAN_MISUSES[misuse]
     planned = [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    plan = plan_attention_varlen(planned, planned, head_dim=head_dim, causal=True, tail=tail, tile_m=tile_m, mma=mma)
+    plan = plan_attention_varlen(planned, planned, head_dim=head_dim, causal=True, **plan_options)
+    assert plan.variant.param_dict["rows"] == plan_options["rows"]
     gen = torch.Generator(device="cuda").manual_seed(head_dim)
     q, k, v = (torch.randn((planned[-1], 4, head_dim), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
     right = attention_varlen(q, k, v, *(torch.tensor(planned, dtype=torch.int32, device="cuda"),) * 2, causal=True,

@@ -111,14 +111,40 @@ def test_a_recipe_reads_back_by_name_and_plans_the_same_again():
     params = plan.variant.param_dict
     assert (recipe.head_dim, recipe.dtype, recipe.causal, recipe.window, recipe.num_seqs) == \
         (128, torch.float16, True, (50, -1), 3)
-    assert (recipe.tail, recipe.tile_m, recipe.tile_n, recipe.mma) == \
-        ("cp_async", params["tile_m"], params["tile_n"], params["mma"])
+    assert (recipe.tail, recipe.tile_m, recipe.tile_n, recipe.mma, recipe.rows) == \
+        ("cp_async", params["tile_m"], params["tile_n"], params["mma"], params["rows"])
     assert (recipe.cu_seqlens_q, recipe.cu_seqlens_k) == (cu_q, cu_k)
-    work = plan.work.clone()
-    again = planner.plan_from_recipe(recipe, work)
+    work, plan_cu = (t.clone() for t in plan.tables.on(torch.device("cpu")))
+    again = planner.plan_from_recipe(recipe, work, plan_cu)
     assert again.variant == plan.variant and again.window == plan.window and again.work is work
     assert np.array_equal(again.schedule.work, plan.schedule.work)
-    assert planner.plan_from_recipe(AttentionRecipe(list(plan.recipe)), work) is again  # made once
+    assert planner.plan_from_recipe(AttentionRecipe(list(plan.recipe)), work, plan_cu) is again  # made once
+
+
+def test_packed_rows_are_refused_where_they_cannot_run():
+    with pytest.raises(ValueError, match="rows: 'packed' needs self-attention"):
+        plan_attention_varlen([0, 65, 130], [0, 65, 131], head_dim=128, causal=True, rows="packed")
+    with pytest.raises(ValueError, match="rows: 'packed' needs self-attention"):
+        plan_attention_varlen([0, 65, 130], [0, 65, 130], head_dim=128, window=(16, 0), rows="packed")
+    with pytest.raises(ValueError, match="rows: expected"):
+        plan_attention_varlen([0, 65, 130], [0, 65, 130], head_dim=128, rows="tokens")
+
+
+def test_the_planner_packs_where_that_computes_fewer_scores():
+    for length, rows in ((65, "packed"), (64, "per_sequence"), (32, "packed"), (128, "per_sequence")):
+        cu = [length * i for i in range(2017)]
+        plan = plan_attention_varlen(cu, cu, head_dim=128, causal=True)
+        assert plan.variant.param_dict["rows"] == rows, length
+
+
+def test_a_packed_plan_reads_back_from_its_recipe():
+    cu = [0, 65, 130, 195]
+    plan = plan_attention_varlen(cu, cu, head_dim=128, causal=True, rows="packed")
+    assert plan.variant.param_dict["rows"] == "packed" and plan.schedule.packed
+    recipe = AttentionRecipe(list(plan.recipe))
+    assert recipe.rows == "packed"
+    again = planner.plan_from_recipe(recipe, *(t.clone() for t in plan.tables.on(torch.device("cpu"))))
+    assert again.variant == plan.variant and np.array_equal(again.schedule.work, plan.schedule.work)
 
 USER_SHAPE = """
 family: attention_prefill

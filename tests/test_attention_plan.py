@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from kgen.families.attention_prefill.contract import ATTENTION_WORK_FIELDS
 from kgen.families.attention_prefill.plan import (
-    WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, plan_tiles,
+    WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, packable, plan_packed_tiles, plan_tiles,
     validate_window,
 )
 from kgen.runtime.checks import seqlens_from_cu
@@ -256,6 +256,37 @@ def test_empty_sequences_are_complete_and_unscheduled():
     assert empty.work.shape == (0, len(ATTENTION_WORK_FIELDS)) and empty.work.dtype == np.int32 and empty.num_key_tiles.shape == (0,)
     assert (empty.max_seqlen_q, empty.max_seqlen_k, empty.total_q, empty.total_k) == (0, 0, 0, 0)
     assert not empty.has_incomplete_tile and (empty.tile_m, empty.tile_n) == (16, 16)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.one_of(st.integers(0, 300), st.sampled_from([1, 63, 64, 65, 129])), min_size=1, max_size=12),
+       tile_m=st.sampled_from(TILES), tile_n=st.sampled_from(TILES + (80, 96)), causal=st.booleans())
+def test_packed_tiles_against_each_token(lengths, tile_m, tile_n, causal):
+    """Each token in exactly one item, with its sequence between the item's first and last, and the item's keys
+    exactly those some row attends (its own sequence's up to itself under the causal mask), in reverse token order."""
+    schedule = plan_packed_tiles(lengths, tile_m=tile_m, tile_n=tile_n, causal=causal)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
+    total = int(cu[-1])
+    assert schedule.packed and schedule.has_incomplete_tile and schedule.total_q == schedule.total_k == total
+    covered = np.zeros(total, dtype=int)
+    for (first, last, t0, t1, k0, k1), cost in zip(schedule.work.tolist(), schedule.num_key_tiles.tolist()):
+        assert t0 % tile_m == 0 and 0 < t1 - t0 <= tile_m and (t1 - t0 == tile_m or t1 == total)
+        covered[t0:t1] += 1
+        owners = [int(np.searchsorted(cu, t, side="right")) - 1 for t in range(t0, t1)]
+        assert (first, last) == (owners[0], owners[-1]) and all(lengths[o] > 0 for o in owners)
+        keys = set()
+        for t, o in zip(range(t0, t1), owners):
+            keys |= set(range(cu[o], t + 1 if causal else cu[o + 1]))
+        assert (k0, k1) == (min(keys), max(keys) + 1) and cost == -(-(k1 - k0) // tile_n)
+    assert (covered == 1).all()
+    starts = schedule.work[:, 2]
+    assert (np.diff(starts) < 0).all()
+
+
+def test_packing_is_for_self_attention_under_no_window_but_the_causal_mask():
+    assert packable([3, 65], [3, 65], (-1, 0)) and packable([3, 65], [3, 65], (-1, -1))
+    assert not packable([3, 65], [3, 66], (-1, 0))
+    assert not packable([3, 65], [3, 65], (10, 0)) and not packable([3, 65], [3, 65], (-1, 5))
 
 
 def test_plan_tiles_refuses_bad_arguments_by_name():

@@ -59,8 +59,8 @@ def test_fake_shapes_of_every_op():
         assert_like(out, (7, 4, 64), BF16), assert_like(lse, (7, 4), torch.float32)
         out, lse = torch.ops.kgen.attention_varlen(cuda(300, 8, 128), cuda(500, 2, 128), cuda(500, 2, 128),
                                                    cuda(3, dtype=torch.int32), cuda(3, dtype=torch.int32),
-                                                   cuda(*prefill.work.shape, dtype=torch.int32), None,
-                                                   list(prefill.recipe), None)
+                                                   cuda(*prefill.work.shape, dtype=torch.int32),
+                                                   cuda(3, dtype=torch.int32), None, list(prefill.recipe), None)
         assert_like(out, (300, 8, 128), BF16), assert_like(lse, (8, 300), torch.float32)
         out, lse = torch.ops.kgen.attention_decode(cuda(2, 3, 8, 128), cuda(2, 1000, 2, 128), cuda(2, 1000, 2, 128),
                                                    cuda(2, dtype=torch.int32), None, cuda(8, dtype=torch.float32),
@@ -96,7 +96,7 @@ def test_public_functions_call_the_ops_while_compiling():
     with FakeTensorMode(allow_non_fake_inputs=True), mock.patch("torch.compiler.is_compiling", return_value=True), \
             kgen.config.overrides(KGEN_ARCH="sm_90a"):  # the plan's kernel, without asking a GPU
         plan = kgen.ops.plan_attention_varlen([0, 64, 200], [0, 64, 200], head_dim=64)
-        plan.tables.adopt("cuda:0", [cuda(*plan.work.shape, dtype=torch.int32)])  # as device="cuda" would place it
+        plan.tables.adopt("cuda:0", [cuda(*plan.work.shape, dtype=torch.int32), cuda(3, dtype=torch.int32)])  # as device="cuda" would place them
         q, k = cuda(200, 4, 64), cuda(200, 2, 64)
         cu = cuda(3, dtype=torch.int32)
         out, lse = kgen.ops.attention_varlen(q, k, k, cu, cu, plan=plan, return_lse=True)
@@ -137,8 +137,8 @@ def test_public_functions_call_the_ops_while_compiling():
 def test_plans_rebuilt_from_their_recipes_are_the_same():
     prefill = kgen.ops.plan_attention_varlen([0, 1, 300, 301], [0, 5, 900, 901], head_dim=128, causal=True,
                                              window=(50, -1), tail="cp_async")
-    work = prefill.work.clone()
-    again = prefill_planner.plan_from_recipe(prefill.recipe, work)
+    work, plan_cu = (t.clone() for t in prefill.tables.on(torch.device("cpu")))
+    again = prefill_planner.plan_from_recipe(prefill.recipe, work, plan_cu)
     assert again.variant == prefill.variant and again.window == prefill.window and again.work is work
     assert np.array_equal(again.schedule.work, prefill.schedule.work)
     chunk_plan = kgen.ops.plan_chunk_gated_delta_rule([0, 32768, 32803], num_heads_v=8)  # a recipe no other test made

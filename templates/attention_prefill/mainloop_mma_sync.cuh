@@ -136,7 +136,7 @@ struct MmaSyncKernel {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) state.o[rb][db][e] = 0.f;
 #pragma unroll
-        for (int i = 0; i < 2 * kRowBlocks; ++i) state.max[i] = -inf(), state.sum[i] = tile.initial_sum();
+        for (int i = 0; i < 2 * kRowBlocks; ++i) state.max[i] = -inf(), state.sum[i] = tile.initial_sum(i);
 
         for (int n = tile.n_begin; n < tile.n_end; ++n) {
             const int buf = (n - tile.n_begin) & 1;
@@ -152,7 +152,7 @@ struct MmaSyncKernel {
             if constexpr (kTmaTail) {
                 // K's rows past the end need no clearing: their scores are masked by a select.
                 if (key0 + kTileN > tile.lk) {
-                    attention::clear_rows_past<KVTile, kThreads>(smem_raw + (v_tile - smem_addr(smem_raw)), tile.lk - key0, threadIdx.x);
+                    attention::clear_rows_outside<KVTile, kThreads>(smem_raw + (v_tile - smem_addr(smem_raw)), 0, tile.lk - key0, threadIdx.x);
                 }
             }
             if constexpr (kCpAsyncTail) cp_async_wait<0>();
@@ -164,7 +164,7 @@ struct MmaSyncKernel {
 
             attention::Scores<kRowBlocks, kTileN> s;
             Warp::compute_scores(s, q_frag, smem.q, k_tile, q_lane, k_lane);
-            if (tile.crosses_boundary(key0)) mask_scores(s, tile.mask, key0, warp_row0 + quad_row, quad_col);
+            tile.mask_tile(s, key0, warp_row0 + quad_row, quad_col);
             attention::RowFactors<kRowBlocks> correction;
             attention::softmax_update(s, state, args.scale_log2, correction);
             attention::rescale_output(state, correction);

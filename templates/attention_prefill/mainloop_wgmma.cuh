@@ -10,10 +10,12 @@
 //
 // At three or more blocks an SM (tile_m 64 only) a block is one warpgroup and no producer: its first thread
 // issues the loads, and K and V have one buffer each, refilled once every warp is done with it. Short items then
-// overlap across blocks, not inside one (docs/prefill_short_sequences.md, step 2b).
+// overlap across blocks, not inside one (docs/prefill_short_sequences.md, step 2b). Such a block may also run a
+// packed item (kPacked): 64 consecutive tokens of the batch, rows of several short sequences, each attending its own
+// keys (rows.cuh, PackedWork), so that a 65-token sequence's last row shares a tile with the next one's first 63.
 //
 // Config: T, kHeadDim, kTileM, kTileN, kWarps, kMinBlocksPerSm, kHasIncompleteTile, kCpAsyncTail
-// and kTmaTail (incomplete tiles load by cp.async, or as whole TMA boxes); kernel.cu.j2 defines it.
+// and kTmaTail (incomplete tiles load by cp.async, or as whole TMA boxes), kPacked; kernel.cu.j2 defines it.
 // Needs common/ numeric, smem, swizzle, lse_merge, tma, wgmma (with widths tile_n and head_dim)
 // and warp_roles; attention_common/ tiles and softmax; attention_prefill/ rows and shared_memory.
 namespace kgen {
@@ -26,6 +28,7 @@ struct WgmmaKernel {
     static constexpr int kWarps = Config::kWarps;
     static constexpr bool kHasIncompleteTile = Config::kHasIncompleteTile;
     static constexpr bool kCpAsyncTail = Config::kCpAsyncTail, kTmaTail = Config::kTmaTail;
+    static constexpr bool kPacked = Config::kPacked;
     // One producer warpgroup (TMA) and tile_m / 64 consumer warpgroups, each consumer warp
     // owning 16 query rows; num_warps counts the consumer warps. From three blocks an SM, no producer.
     static constexpr bool kSingleWarpgroup = Config::kMinBlocksPerSm >= 3;
@@ -41,8 +44,10 @@ struct WgmmaKernel {
     static constexpr int kRowChunks = QTile::kRowChunks;
     // Full and empty mbarriers for two K and two V buffers, and Q's: 8 bytes each (a single warpgroup uses
     // the full ones of its one K and one V buffer, and Q's).
-    static constexpr int kBarrierBytes = 128;
-    static_assert(9 * 8 <= kBarrierBytes, "room for nine mbarriers");
+    // After them, a packed item's marks of V's non-finite rows, a bit a row (PackedWork's guard).
+    static constexpr int kBarrierBytes = 128, kRowBitsOffset = 80, kRowBitWords = (kTileN + 31) / 32;
+    static_assert(9 * 8 <= kRowBitsOffset && kRowBitsOffset + 4 * kRowBitWords <= kBarrierBytes,
+                  "room for nine mbarriers and the row marks");
     using Smem = SharedMemory<QTile, KVTile, kBarrierBytes, kKVBuffers>;
     static constexpr int kDynamicSmemBytes = Smem::kDynamicBytes;
     // A consumer warpgroup's 64 rows: one row block of the softmax's fragments per warp.
@@ -63,6 +68,8 @@ struct WgmmaKernel {
     static_assert(kSpanBytes == 128,
                   "attention_prefill: with mma=wgmma, head_dim must be at least 64 (128-byte swizzle panels)");
     static_assert(!kCpAsyncTail, "attention_prefill: with mma=wgmma, tail must be tma");
+    static_assert(!kPacked || (kSingleWarpgroup && kHasIncompleteTile),
+                  "attention_prefill: rows=packed needs mma=wgmma at three or more blocks an SM, has_incomplete_tile=true");
 
     // A block's part of the register file: 65536 over the blocks an SM.
     static constexpr int kBlockRegisters = 65536 / Config::kMinBlocksPerSm;
@@ -172,6 +179,7 @@ struct WgmmaKernel {
         const Smem smem(smem_raw);
         const unsigned s_q = smem.q, s_k = smem.k, s_v = smem.v;  // K and V: kKVBuffers stages each
         const Barriers bars{smem.barriers};
+        unsigned* const row_bits = reinterpret_cast<unsigned*>(smem_raw + (smem.barriers + kRowBitsOffset - smem_addr(smem_raw)));
         if (threadIdx.x == 0) {
             for (int stage = 0; stage < kKVBuffers; ++stage) {
                 mbarrier_init(bars.k_full(stage), 1);
@@ -183,13 +191,28 @@ struct WgmmaKernel {
             }
             mbarrier_init(bars.q_full(), 1);
             mbarrier_init_fence();
+            if constexpr (kPacked) {
+                for (int w = 0; w < kRowBitWords; ++w) row_bits[w] = 0u;
+            }
         }
         __syncthreads();
 
-        const auto tile = TileWork<kTileM, kTileN, kHasIncompleteTile>::of_block(args.work, args.cu_seqlens_q, args.cu_seqlens_k,
-                                                                             args.heads_per_kv, args.window_left, args.window_right);
-        const int num_tiles = max(tile.n_end - tile.n_begin, 0);
         const int warp = warp_index(), lane = threadIdx.x % 32;
+        const int consumer_thread = threadIdx.x - (kSingleWarpgroup ? 0 : kWarpgroupThreads);
+        const int group = consumer_thread / kWarpgroupThreads;
+        const int quad_row = lane / 4, quad_col = lane % 4;
+        // The first row of this thread's warp in the tile (consumers only).
+        const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
+        const auto tile = [&] {
+            if constexpr (kPacked) {
+                return PackedWork<kTileM, kTileN>::of_block(args.work, args.plan_cu_seqlens, args.cu_seqlens_q, args.cu_seqlens_k,
+                                                            args.heads_per_kv, args.window_right >= 0, warp_row0 + quad_row);
+            } else {
+                return TileWork<kTileM, kTileN, kHasIncompleteTile>::of_block(args.work, args.cu_seqlens_q, args.cu_seqlens_k,
+                                                                             args.heads_per_kv, args.window_left, args.window_right);
+            }
+        }();
+        const int num_tiles = max(tile.n_end - tile.n_begin, 0);
         auto first_key = [&](int i) { return tile.k_start + (tile.n_begin + i) * kTileN; };  // of the run's key tile i
 
         if constexpr (!kSingleWarpgroup) {
@@ -215,11 +238,8 @@ struct WgmmaKernel {
 
         // ---- Consumers ----
         if constexpr (!kSingleWarpgroup) claim_registers<kConsumerRegisters>();
-        const int consumer_thread = threadIdx.x - (kSingleWarpgroup ? 0 : kWarpgroupThreads);
-        const int group = consumer_thread / kWarpgroupThreads;
-        const int quad_row = lane / 4, quad_col = lane % 4;
         // This thread's rows: thread_row0 and 8 below it (wgmma's accumulator layout).
-        const int thread_row0 = tile.row0 + 64 * group + 16 * ((consumer_thread / 32) % 4) + quad_row;
+        const int thread_row0 = tile.row0 + warp_row0 + quad_row;
         auto row_of = [&](int i) { return thread_row0 + 8 * i; };
         const unsigned q_rows = s_q + 64 * group * kSpanBytes;  // the group's rows of the first panel
 
@@ -229,18 +249,44 @@ struct WgmmaKernel {
 #pragma unroll
             for (int e = 0; e < 4; ++e) state.o[0][db][e] = 0.f;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) state.max[i] = -inf(), state.sum[i] = tile.initial_sum();
+        for (int i = 0; i < 2; ++i) state.max[i] = -inf(), state.sum[i] = tile.initial_sum(i);
 
-        auto mask_if_crossing = [&](Scores& s, int key0) {
-            if (tile.crosses_boundary(key0)) mask_scores(s, tile.mask, key0, thread_row0, quad_col);
-        };
+        auto mask_if_crossing = [&](Scores& s, int key0) { tile.mask_tile(s, key0, thread_row0, quad_col); };
         // Only a sequence's last key tile can be incomplete, and it is the run's last: the rows of its V buffer past
         // the sequence (TMA loaded the whole box) are cleared before P V reads them.
         auto clear_values_past_end = [&](unsigned v_buffer, int key0) {
             if constexpr (kTmaTail) {
                 if (key0 + kTileN > tile.lk) {
                     unsigned char* const v_tile = smem_raw + (v_buffer - smem_addr(smem_raw));
-                    attention::clear_rows_past<KVTile, kConsumerThreads>(v_tile, tile.lk - key0, consumer_thread);
+                    attention::clear_rows_outside<KVTile, kConsumerThreads>(v_tile, 0, tile.lk - key0, consumer_thread);
+                    fence_proxy_async_shared();  // wgmma reads through the async proxy
+                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+                }
+            }
+        };
+
+        // A packed item's V tile before P V (single warpgroup: the block's threads are the consumers): the first key
+        // tile's rows before the item's keys are cleared; where the rows are of several sequences, V's rows holding
+        // an Inf or NaN are zeroed, and their sequences' rows set NaN (PackedWork). The usual case costs one scan.
+        auto guard_packed_values = [&](int i) {
+            if constexpr (kPacked) {
+                unsigned char* const v_tile = smem_raw + (s_v - smem_addr(smem_raw));
+                const int first_row = i == 0 ? tile.first_key : 0;
+                bool wrote = first_row > 0;
+                if (wrote) attention::clear_rows_outside<KVTile, kConsumerThreads>(v_tile, first_row, kTileN, consumer_thread);
+                if (tile.mixed &&
+                    __syncthreads_or(attention::holds_nonfinite<T, KVTile, kConsumerThreads>(v_tile, first_row, consumer_thread))) {
+                    attention::mark_nonfinite_rows<T, KVTile, kConsumerThreads>(v_tile, first_row, row_bits, consumer_thread);
+                    __syncthreads();
+                    tile.poison_owners(state, row_bits, i * kTileN);
+                    attention::clear_marked_rows<KVTile, kConsumerThreads>(v_tile, row_bits, consumer_thread);
+                    __syncthreads();  // every thread has read the marks
+                    if (consumer_thread == 0) {
+                        for (int w = 0; w < kRowBitWords; ++w) row_bits[w] = 0u;  // before the next tile's marks, a barrier on
+                    }
+                    wrote = true;
+                }
+                if (wrote) {
                     fence_proxy_async_shared();  // wgmma reads through the async proxy
                     named_barrier_sync(kConsumerBarrier, kConsumerThreads);
                 }
@@ -278,7 +324,7 @@ struct WgmmaKernel {
                     if (i > 0) attention::rescale_output(state, correction);  // O holds tiles 0..i-1, all added
                     attention::pack_probabilities<T>(s, p);
                     mbarrier_wait(bars.v_full(0), parity);
-                    clear_values_past_end(s_v, key0);
+                    if constexpr (kPacked) guard_packed_values(i); else clear_values_past_end(s_v, key0);
                     issue_pv(state, p, s_v);
                     wgmma_wait<0>();
                     fence_operands(state.o[0]);
@@ -345,7 +391,6 @@ struct WgmmaKernel {
         // One stmatrix stores two column blocks of both of a thread's rows: matrices (rows, column block) (r, db),
         // (r + 8, db), (r, db + 1), (r + 8, db + 1), lane 8 m + j addressing row j of matrix m.
         unsigned char* const o_tile = smem_raw + (s_q - smem_addr(smem_raw));
-        const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
         unsigned pairs[2][kHeadDim / 8];  // [row i][column block]: the thread's packed elements, for stmatrix
         write_output<T, kHasIncompleteTile>(state, lse_head, tile.lq, sink_log2, quad_col, row_of,
                                             [&](int i, int, int db, unsigned pair) { pairs[i][db] = pair; });
@@ -355,8 +400,9 @@ struct WgmmaKernel {
             const unsigned four[4] = {pairs[0][db], pairs[1][db], pairs[0][db + 1], pairs[1][db + 1]};
             stmatrix_x4(s_q + attention::chunk_offset<QTile>(matrix_row, db + matrix / 2), four);
         }
-        if (!kHasIncompleteTile || tile.row0 + kTileM <= tile.lq) {
-            // A full tile: out by one TMA store per column block, once every consumer has written its rows.
+        if (kPacked || !kHasIncompleteTile || tile.row0 + kTileM <= tile.lq) {
+            // A full tile, or a packed one (its rows are the batch's up to the tensor's end, where TMA stops): out by
+            // one TMA store per column block, once every consumer has written its rows.
             fence_proxy_async_shared();  // the TMA store reads through the async proxy
             named_barrier_sync(kConsumerBarrier, kConsumerThreads);
             if (consumer_thread == 0) {

@@ -21,6 +21,28 @@ struct Mask {
     }
 };
 
+// Masks the scores of each of the thread's rows outside its allowed columns: columns_of(rb, half) gives them,
+// [x, y), counted from the thread's first column (2 * quad_col of the key tile), so that each score's column is a
+// compile-time constant and masking it is two compares and a select.
+template <int kRowBlocks, int kBlocksN, class ColumnsOf>
+__device__ __forceinline__ void mask_columns(float (&s)[kRowBlocks][kBlocksN][4], ColumnsOf columns_of) {
+#pragma unroll
+    for (int rb = 0; rb < kRowBlocks; ++rb) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int2 keys = columns_of(rb, half);
+#pragma unroll
+            for (int nb = 0; nb < kBlocksN; ++nb) {
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int column = nb * 8 + j;
+                    if (column < keys.x || column >= keys.y) s[rb][nb][2 * half + j] = -inf();
+                }
+            }
+        }
+    }
+}
+
 // A work item's fields (the host's ATTENTION_WORK_FIELDS).
 enum WorkField { kSequence, kQueryTile, kQueryStart, kQueryEnd, kKeyStart, kKeyEnd, kWorkFields };
 
@@ -39,7 +61,8 @@ struct TileWork {
     bool matches_plan;
     Mask mask;
 
-    __device__ __forceinline__ float initial_sum() const { return matches_plan ? 0.f : quiet_nan(); }
+    // Of the thread's row i (every row of the tile alike here).
+    __device__ __forceinline__ float initial_sum(int) const { return matches_plan ? 0.f : quiet_nan(); }
 
     // Key tile `key0` needs the mask: it crosses the sequence end or a window edge.
     __device__ __forceinline__ bool crosses_boundary(int key0) const {
@@ -47,6 +70,14 @@ struct TileWork {
         const bool crosses_left = mask.window_left >= 0 && key0 < row_last + mask.offset - mask.window_left;
         const bool crosses_right = mask.window_right >= 0 && key0 + kTileN - 1 > row0 + mask.offset + mask.window_right;
         return crosses_end || crosses_left || crosses_right;
+    }
+
+    // The mask of key tile key0 (counted from k_start), where it crosses a boundary. thread_row0: the thread's first
+    // row (row block 0, upper half); its others are 8 and 16 apart, and each finds its keys once.
+    template <int kRowBlocks, int kBlocksN>
+    __device__ __forceinline__ void mask_tile(float (&s)[kRowBlocks][kBlocksN][4], int key0, int thread_row0, int quad_col) const {
+        if (!crosses_boundary(key0)) return;
+        mask_columns(s, [&](int rb, int half) { return mask.keys_of(thread_row0 + rb * 16 + half * 8, key0 + 2 * quad_col); });
     }
 
     __device__ static __forceinline__ TileWork of_block(const int* work, const int* cu_seqlens_q, const int* cu_seqlens_k,
@@ -81,27 +112,95 @@ struct TileWork {
     }
 };
 
-// thread_row0: the thread's first row (row block 0, upper half); its others are 8 and 16 apart. Each of the
-// thread's rows finds its keys once; a score's column offset is then a compile-time constant.
-template <int kRowBlocks, int kBlocksN>
-__device__ __forceinline__ void mask_scores(float (&s)[kRowBlocks][kBlocksN][4], const Mask& mask, int key0, int thread_row0,
-                                            int quad_col) {
-#pragma unroll
-    for (int rb = 0; rb < kRowBlocks; ++rb) {
+// A packed work item (rows=packed; self-attention, unbounded left window): tokens [t0, t1) of the batch, at most
+// kTileM, from sequences first..last, and the keys [k0, k1) some row of it attends (k0 the first sequence's start;
+// k1 = t1 under the causal mask, else the last sequence's end). Its fields: (first, last, t0, t1, k0, k1). The key
+// tiles end at k1, so the causal diagonal's is the last, and the first may begin before k0: the rows there are
+// another sequence's (cleared before P V), or before the tensor (TMA fills zeros).
+//
+// Each row finds its sequence in the plan's cu_seqlens and attends that sequence's keys alone; a sequence whose
+// bounds in the call's cu_seqlens differ from the plan's gets NaN rows, as in TileWork. Its scores of other
+// sequences' keys are masked by a select, but P V multiplies every row by every V row of the tile, and 0 x Inf is
+// NaN: so where the tile holds several sequences, V's Inf and NaN rows are found and zeroed before P V (the
+// kernel's guard), and the rows of their own sequence set NaN (`poison_owners`).
+template <int kTileM, int kTileN>
+struct PackedWork {
+    int head, kv_head, q_start, lq, k_start, lk, row0, n_begin, n_end;
+    int first_key;          // k0 - k_start: rows of the first key tile before it are another sequence's
+    bool mixed;             // rows of more than one sequence
+    int2 keys[2];           // the thread's rows' allowed keys [x, y), counted from k_start
+    int2 sequence_keys[2];  // the keys of the thread's rows' sequences [x, y), counted from k_start
+    bool matches_plan[2];
+
+    __device__ __forceinline__ float initial_sum(int i) const { return matches_plan[i] ? 0.f : quiet_nan(); }
+
+    // Every key tile is masked: its rows' sequences begin and end inside it.
+    template <int kBlocksN>
+    __device__ __forceinline__ void mask_tile(float (&s)[1][kBlocksN][4], int key0, int, int quad_col) const {
+        const int base = key0 + 2 * quad_col;
+        mask_columns(s, [&](int, int half) { return make_int2(keys[half].x - base, keys[half].y - base); });
+    }
+
+    // Sets NaN sums on the thread's rows whose sequence owns a row of key tile key0 marked in row_bits.
+    template <int kHeadDim>
+    __device__ __forceinline__ void poison_owners(attention::RowState<1, kHeadDim>& state, const unsigned* row_bits, int key0) const {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const int2 keys = mask.keys_of(thread_row0 + rb * 16 + half * 8, key0 + 2 * quad_col);
+            bool owns = false;
 #pragma unroll
-            for (int nb = 0; nb < kBlocksN; ++nb) {
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int column = nb * 8 + j;
-                    if (column < keys.x || column >= keys.y) s[rb][nb][2 * half + j] = -inf();
-                }
+            for (int w = 0; w < (kTileN + 31) / 32; ++w) {
+                // This word's rows of the sequence: [lo, hi) of its 32.
+                const int lo = max(0, min(32, sequence_keys[half].x - key0 - 32 * w));
+                const int hi = max(0, min(32, sequence_keys[half].y - key0 - 32 * w));
+                const unsigned below_hi = hi == 32 ? ~0u : (1u << hi) - 1u, below_lo = lo == 32 ? ~0u : (1u << lo) - 1u;
+                owns |= (row_bits[w] & below_hi & ~below_lo) != 0u;
             }
+            if (owns) state.sum[half] = quiet_nan();
         }
     }
-}
+
+    // thread_row0: the thread's first row in the tile; its other is 8 below.
+    __device__ static __forceinline__ PackedWork of_block(const int* work, const int* plan_cu_seqlens, const int* cu_seqlens_q,
+                                                          const int* cu_seqlens_k, long long heads_per_kv, bool causal,
+                                                          int thread_row0) {
+        PackedWork t;
+        const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * blockIdx.x);
+        const int2 sequences = item[0], tokens = item[1], key_bounds = item[2];
+        t.head = blockIdx.y;
+        t.kv_head = t.head / static_cast<int>(heads_per_kv);
+        t.q_start = tokens.x;
+        t.lq = tokens.y - tokens.x;
+        t.row0 = 0;
+        t.n_begin = 0;
+        t.n_end = (key_bounds.y - key_bounds.x + kTileN - 1) / kTileN;
+        t.k_start = key_bounds.y - t.n_end * kTileN;
+        t.lk = key_bounds.y - t.k_start;
+        t.first_key = key_bounds.x - t.k_start;
+        t.mixed = sequences.x != sequences.y;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int token = tokens.x + thread_row0 + 8 * half;
+            if (token >= tokens.y) {  // past the batch: no keys, never stored
+                t.keys[half] = t.sequence_keys[half] = make_int2(0, 0);
+                t.matches_plan[half] = true;
+                continue;
+            }
+            // The last of first..last starting at or before the token (empty sequences start where the next does).
+            int lo = sequences.x, hi = sequences.y;
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) / 2;
+                if (plan_cu_seqlens[mid] <= token) lo = mid; else hi = mid - 1;
+            }
+            const int start = plan_cu_seqlens[lo], end = plan_cu_seqlens[lo + 1];
+            t.sequence_keys[half] = make_int2(start - t.k_start, end - t.k_start);
+            t.keys[half] = make_int2(start - t.k_start, (causal ? token + 1 : end) - t.k_start);
+            // Loads and addresses never wait for this: only the row's starting sum does (see initial_sum).
+            t.matches_plan[half] = (cu_seqlens_q[lo] == start) & (cu_seqlens_q[lo + 1] == end) &
+                                   (cu_seqlens_k[lo] == start) & (cu_seqlens_k[lo + 1] == end);
+        }
+        return t;
+    }
+};
 
 // Fold in the sink, normalise, and store O (as T) and the natural-log LSE of the rows inside the sequence (all rows
 // without kHasIncompleteTile). store_pair(i, row, db, pair) puts the thread's two packed elements of its row i (row

@@ -14,7 +14,8 @@ ATTENTION_BARRIER_BYTES = {"mma_sync": 64, "wgmma": 128}
 
 #: A work item's fields, as the planner writes them (:func:`kgen.families.attention_prefill.plan.plan_tiles`) and
 #: rows.cuh reads them: the query tile, and the bounds the plan made it for, which the kernel addresses by and
-#: checks against the call's cu_seqlens.
+#: checks against the call's cu_seqlens. A packed item (rows=packed, :func:`~kgen.families.attention_prefill.plan.
+#: plan_packed_tiles`) fills the same six with its first and last sequence, its tokens and its keys.
 ATTENTION_WORK_FIELDS = ("sequence", "query_tile", "query_start", "query_end", "key_start", "key_end")
 
 _QKV_MAPS = "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, "
@@ -22,7 +23,7 @@ _QKV_MAPS = "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDesc
 _ATTENTION_MAPS = {"mma_sync": _QKV_MAPS, "wgmma": _QKV_MAPS + "kgen::TmaDescriptor map_o, "}
 _ATTENTION_PARAMETERS = {mma: parameters(maps + (
     "const T* q, const T* k, const T* v, T* out, float* lse, "
-    "const int* cu_seqlens_q, const int* cu_seqlens_k, const int* work, const float* sink, "
+    "const int* cu_seqlens_q, const int* cu_seqlens_k, const int* work, const int* plan_cu_seqlens, const float* sink, "
     "long long heads_per_kv, long long q_stride_t, long long q_stride_h, long long k_stride_t, long long k_stride_h, "
     "long long v_stride_t, long long v_stride_h, long long o_stride_t, long long o_stride_h, long long lse_stride_h, "
     "float scale_log2, long long window_left, long long window_right")) for mma, maps in _ATTENTION_MAPS.items()}

@@ -91,11 +91,11 @@ def _call_key(q, k, v, cu_seqlens_q, cu_seqlens_k, sink, out, lse_out, causal, w
 class _PreparedCall:
     """A checked call's launch: its kernel's launch with all but the addresses bound, and the descriptors to patch."""
 
-    def __init__(self, device_index, launch, grid, maps, map_args, work, out_shape, lse_shape):
-        #: ``launch`` is the kernel's launch function with every argument but the addresses set (the work list's
-        #: address among them, so the call keeps ``work`` alive); None when there is nothing to compute.
+    def __init__(self, device_index, launch, grid, maps, map_args, tables, out_shape, lse_shape):
+        #: ``launch`` is the kernel's launch function with every argument but the addresses set (the plan's tables'
+        #: addresses among them, so the call keeps ``tables`` alive); None when there is nothing to compute.
         self.device_index, self.launch, self.grid, self.maps, self.map_args = device_index, launch, grid, maps, map_args
-        self.work, self.out_shape, self.lse_shape = work, out_shape, lse_shape
+        self.tables, self.out_shape, self.lse_shape = tables, out_shape, lse_shape
 
     def run(self, *args):
         # Descriptors are built and patched on the tensors' device, which need not be the current one.
@@ -154,7 +154,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
                          f"{plan.variant.arch_refusal(sm)}; plan with device={str(q.device)!r}")
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, plan.num_seqs)
     _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, plan.num_seqs)
-    work = plan.work_on(q.device)
+    tables = plan.tables.on(q.device)
+    work, plan_cu_seqlens = tables
 
     out_shape, lse_shape = (total_q, heads_q, head_dim), (heads_q, total_q)
     _check_result("out", out, out_shape, q.dtype, q)
@@ -163,7 +164,7 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
     _check_result("lse_out", lse_out, lse_shape, torch.float32, q)
     num_work = work.shape[0]
     if not (num_work and heads_q):
-        return _PreparedCall(q.device.index, None, None, None, (), work, out_shape, lse_shape)
+        return _PreparedCall(q.device.index, None, None, None, (), tables, out_shape, lse_shape)
     kernel = contract(plan.variant)
     parameters = kernel.parameters[FAMILY]
     # The kernel's descriptors, map_q, map_k, ... by its parameters: q, k, v, and o where it stores O by TMA;
@@ -176,11 +177,11 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
     window_left, window_right = kernel_window(merged_window, plan.schedule.max_seqlen_q, plan.schedule.max_seqlen_k)
     # The kernel's row strides of out and lse are those of contiguous tensors (checked above, or new).
     launch = cached_launcher(plan.variant, FAMILY, q.device.index).bound(
-        work=work.data_ptr(), heads_per_kv=heads_q // heads_kv, q_stride_t=q.stride(0), q_stride_h=q.stride(1),
+        work=work.data_ptr(), plan_cu_seqlens=plan_cu_seqlens.data_ptr(), heads_per_kv=heads_q // heads_kv, q_stride_t=q.stride(0), q_stride_h=q.stride(1),
         k_stride_t=k.stride(0), k_stride_h=k.stride(1), v_stride_t=v.stride(0), v_stride_h=v.stride(1),
         o_stride_t=heads_q * head_dim, o_stride_h=head_dim, lse_stride_h=total_q, scale_log2=scale_log2,
         window_left=window_left, window_right=window_right)
-    return _PreparedCall(q.device.index, launch, (num_work, heads_q), maps, map_args, work, out_shape, lse_shape)
+    return _PreparedCall(q.device.index, launch, (num_work, heads_q), maps, map_args, tables, out_shape, lse_shape)
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, num_seqs: int | None) -> None:

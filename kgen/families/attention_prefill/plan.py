@@ -9,7 +9,10 @@ query tile a contiguous run of key tiles, possibly none. The planner computes
 those runs and orders the work by sequence, so that the key tiles a sequence's
 query tiles share stay in L2, the costliest sequences and tiles first, which keeps
 the last wave of a skewed batch short (:func:`plan_tiles`).
-Where the spec offers several tile shapes, :func:`choose_schedule` picks one per
+A self-attention batch may instead be cut into tiles of ``tile_m`` consecutive tokens whatever the
+sequences, each row attending its own sequence's keys (:func:`plan_packed_tiles`): a sequence one token
+past a whole tile then shares its last tile with the next sequence instead of running a tile for one row.
+Where the spec offers several tile shapes (and packing), :func:`choose_schedule` picks one per
 batch from the scores each would compute.
 
 Plans are built from host data only: reading ``cu_seqlens`` from the GPU would
@@ -32,7 +35,9 @@ class TileSchedule:
 
     ``work[i]`` is the work item of a query tile, int32 ``[n, 6]``: its sequence, its index in the sequence,
     and the sequence's bounds ``q_start, q_end, k_start, k_end`` in the packed tokens (the fields
-    :data:`~kgen.families.attention_prefill.contract.ATTENTION_WORK_FIELDS` names); ``num_key_tiles[i]``
+    :data:`~kgen.families.attention_prefill.contract.ATTENTION_WORK_FIELDS` names); with ``packed``, its first
+    and last sequence, its tokens ``t0, t1`` and the keys ``k0, k1`` its rows attend (:func:`plan_packed_tiles`).
+    ``num_key_tiles[i]``
     is how many key tiles that query tile visits (int64 ``[n]``; 0 when the mask hides
     every key: its rows are written as zeros with ``lse = -inf``). Arrays, so that a
     batch of thousands of sequences plans with no Python loop per tile (bench/NOTES.md, prefill planner cost).
@@ -48,6 +53,8 @@ class TileSchedule:
     has_incomplete_tile: bool
     tile_m: int
     tile_n: int
+    #: Tiles of consecutive tokens, rows of several sequences (see :func:`plan_packed_tiles`).
+    packed: bool = False
 
 
 def validate_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
@@ -145,6 +152,53 @@ def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: in
         has_incomplete_tile=incomplete,
         tile_m=tile_m,
         tile_n=tile_n,
+    )
+
+
+def packable(seqlens_q: Sequence[int], seqlens_k: Sequence[int], window: tuple[int, int]) -> bool:
+    """Whether :func:`plan_packed_tiles` can cut this batch: self-attention (as many queries as keys in every
+    sequence) with no window but the causal mask (``window`` with causal folded in)."""
+    return tuple(window) in ((-1, 0), (-1, -1)) and np.array_equal(np.asarray(seqlens_q), np.asarray(seqlens_k))
+
+
+def plan_packed_tiles(seqlens: Sequence[int], *, tile_m: int, tile_n: int, causal: bool) -> TileSchedule:
+    """Tiles of ``tile_m`` consecutive tokens over a self-attention batch, whatever its sequences (rows=packed).
+
+    Item i covers tokens ``[t0, t1) = [i tile_m, min((i + 1) tile_m, total))``, of sequences ``first`` to ``last``,
+    and the keys ``[k0, k1)`` one of its rows attends: from the first sequence's start to ``t1`` under the causal
+    mask, else to the last sequence's end. The kernel walks them in key tiles ending at ``k1`` (so a causal
+    diagonal is one tile, as in :func:`plan_tiles`) and masks each row to its own sequence's keys. At seed 000's
+    L = 65 this makes 2016 sequences 2048 items of at most two key tiles, where per-sequence tiles make 4032 of one
+    or two (docs/prefill_short_sequences.md, step 3).
+
+    The items run in reverse token order: neighbours share key tiles (they run together, so those come from L2)
+    and a long causal sequence's costliest tiles go first."""
+    lengths = check_seqlens("seqlens", seqlens)
+    check_int("tile_m", tile_m, minimum=1)
+    check_int("tile_n", tile_n, minimum=1)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
+    total = int(lengths.sum())  # at most INT32_LIMIT (checked): the kernel's positions stay in 32 bits
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    t0 = np.arange(0, total, tile_m, dtype=np.int64)[::-1]
+    t1 = np.minimum(t0 + tile_m, total)
+    # A token's sequence: the last one starting at or before it (an empty sequence starts where the next does).
+    first = np.searchsorted(cu, t0, side="right") - 1
+    last = np.searchsorted(cu, t1 - 1, side="right") - 1
+    k0 = cu[first]
+    k1 = t1 if causal else cu[last + 1]
+    cost = -(-(k1 - k0) // tile_n)
+    return TileSchedule(
+        work=np.stack([first, last, t0, t1, k0, k1], axis=1).astype(np.int32).reshape(-1, 6),
+        num_key_tiles=cost.astype(np.int64),
+        max_seqlen_q=int(lengths.max(initial=0)),
+        max_seqlen_k=int(lengths.max(initial=0)),
+        total_q=total,
+        total_k=total,
+        has_incomplete_tile=True,
+        tile_m=tile_m,
+        tile_n=tile_n,
+        packed=True,
     )
 
 

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 import torch
 
 from kgen import registry
-from kgen.families.attention_prefill.plan import TileSchedule, choose_schedule, plan_tiles, validate_window
+from kgen.families.attention_prefill.plan import (TileSchedule, choose_schedule, packable, plan_packed_tiles, plan_tiles,
+                                                  validate_window)
 from kgen.families.attention_prefill.recipe import AttentionRecipe
 from kgen.registry import UnsupportedVariantError, Variant
+from kgen.runtime import recipes
 from kgen.runtime.checks import check_int, check_plan_device, seqlens_from_cu
 from kgen.runtime.tables import DeviceTables
 from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, full_tiles_twin, planning_sm, spec_dtypes
@@ -47,7 +49,8 @@ class AttentionPlan:
     #: batch (tile shape), specialised on has_incomplete_tile from the schedule.
     variant: Variant
     #: The work list (int32 [num_work, 6]: sequence, query tile and the sequence's bounds; see
-    #: :class:`~kgen.families.attention_prefill.plan.TileSchedule`) on the one device the plan runs on.
+    #: :class:`~kgen.families.attention_prefill.plan.TileSchedule`) and the plan's cu_seqlens_q (int32 [N + 1], by
+    #: which a packed tile's rows find their sequences) on the one device the plan runs on.
     tables: DeviceTables = field(repr=False)
     #: The plan's inputs, the chosen kernel's tile shape included: what :func:`plan_from_recipe`
     #: makes the same plan from.
@@ -73,11 +76,14 @@ class AttentionPlan:
 
 
 def tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m: int | None, sm: int,
-                    mma: str | None = None, tile_n: int | None = None) -> list[Variant]:
+                    mma: str | None = None, tile_n: int | None = None, rows: str | None = None) -> list[Variant]:
     """The has_incomplete_tile=true variant of each tile shape the spec offers for this call on arch ``sm``, in
     its order of preference (on sm_90 wgmma's shapes, then mma_sync's, which wins short sequences by computing
-    fewer padded scores in its smaller tiles, though at a higher cost per score: see choose_schedule)."""
+    fewer padded scores in its smaller tiles, though at a higher cost per score: see choose_schedule); of the
+    spec's default ``rows`` unless ``rows`` is given."""
     wanted = {"tail": tail} if tail is not None else {}
+    if rows is not None:
+        wanted["rows"] = rows
     if tile_m is not None:
         wanted["tile_m"] = tile_m
     if tile_n is not None:
@@ -99,8 +105,8 @@ def tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m:
 def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: torch.dtype = torch.bfloat16,
                           causal: bool = False, window: tuple[int, int] = (-1, -1),
                           device: torch.device | str | int | None = None, tail: str | None = None,
-                          tile_m: int | None = None, tile_n: int | None = None, mma: str | None = None
-                          ) -> AttentionPlan:
+                          tile_m: int | None = None, tile_n: int | None = None, mma: str | None = None,
+                          rows: str | None = None) -> AttentionPlan:
     """Plan a batch on the host: tile shape and schedule (by sequence, the costliest first: see
     :func:`~kgen.families.attention_prefill.plan.plan_tiles`), maximum lengths, has_incomplete_tile.
 
@@ -116,6 +122,9 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     call that uses the plan. ``tail`` (``"tma"`` or ``"cp_async"``) overrides the spec's
     default tail policy (the wgmma kernel loads incomplete tiles by TMA only, so ``"cp_async"``
     runs mma_sync); either way a sequence's output never depends on the rows of another sequence.
+    ``rows="packed"`` forces tiles of consecutive tokens (see
+    :func:`~kgen.families.attention_prefill.plan.plan_packed_tiles`; self-attention with no window but the causal
+    mask), ``"per_sequence"`` forbids them; by default the planner weighs both where the spec offers packing.
     """
     check_int("head_dim", head_dim, minimum=1)
     for name, value in (("tile_m", tile_m), ("tile_n", tile_n)):
@@ -130,32 +139,59 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     if len(seqlens_q) != len(seqlens_k):
         raise ValueError(f"cu_seqlens_k: expected {len(seqlens_q) + 1} entries like cu_seqlens_q, got {len(seqlens_k) + 1}")
     merged_window = validate_window(causal, window)
-    candidates = tile_candidates(head_dim, dtype, tail, tile_m, planning_sm(device), mma, tile_n)
+    if rows not in (None, "per_sequence", "packed"):
+        raise ValueError(f"rows: expected 'per_sequence', 'packed' or None, got {rows!r}")
+    can_pack = packable(seqlens_q, seqlens_k, merged_window)
+    if rows == "packed" and not can_pack:
+        raise ValueError(f"rows: 'packed' needs self-attention (seqlens_q equal to seqlens_k) with no window but the "
+                         f"causal mask; got window={merged_window}" + ("" if seqlens_q == seqlens_k else
+                                                                       " and other key lengths than query lengths"))
+    sm = planning_sm(device)
+    candidates = [] if rows == "packed" else tile_candidates(head_dim, dtype, tail, tile_m, sm, mma, tile_n,
+                                                             "per_sequence")
     schedules = [plan_tiles(seqlens_q, seqlens_k, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"],
                             causal=causal, window=window) for v in candidates]
+    if can_pack and rows != "per_sequence":
+        packed = _packed_candidates(head_dim, dtype, tail, tile_m, sm, mma, tile_n, required=rows == "packed")
+        candidates += packed
+        schedules += [plan_packed_tiles(seqlens_q, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"],
+                                        causal=causal) for v in packed]
     chosen = choose_schedule(schedules, [v.score_cost for v in candidates])
     any_tiles, schedule = candidates[chosen], schedules[chosen]
     variant = any_tiles if schedule.has_incomplete_tile else full_tiles_twin(FAMILY, any_tiles)
     work = torch.from_numpy(schedule.work)
-    tables = DeviceTables(lambda to: (work.to(to),), "work list", one_device=True)
+    plan_cu = torch.tensor(recipes.cumulative(seqlens_q), dtype=torch.int32)
+    tables = DeviceTables(lambda to: (work.to(to), plan_cu.to(to)), "work list", one_device=True)
     if device is not None:
         tables.on(device)
     params = variant.param_dict
     recipe = AttentionRecipe.of(head_dim=head_dim, dtype=dtype, causal=causal, window=window, tail=params["tail"],
                                 tile_m=params["tile_m"], tile_n=params["tile_n"], mma=params["mma"],
-                                seqlens_q=seqlens_q, seqlens_k=seqlens_k)
+                                rows=params["rows"], seqlens_q=seqlens_q, seqlens_k=seqlens_k)
     return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), variant, tables, recipe)
 
 
-def plan_from_recipe(recipe: AttentionRecipe, work: torch.Tensor) -> AttentionPlan:
-    """The plan ``recipe`` describes, its work list the device tensor ``work``; made once per recipe and device."""
+def _packed_candidates(head_dim, dtype, tail, tile_m, sm, mma, tile_n, *, required: bool) -> list[Variant]:
+    """The spec's packed tile shapes for this call, none where it offers none (an error where they are required)."""
+    try:
+        return tile_candidates(head_dim, dtype, tail, tile_m, sm, mma, tile_n, "packed")
+    except UnsupportedVariantError:
+        if required:
+            raise
+        return []
+
+
+def plan_from_recipe(recipe: AttentionRecipe, work: torch.Tensor, plan_cu_seqlens: torch.Tensor) -> AttentionPlan:
+    """The plan ``recipe`` describes, its tables the device tensors ``work`` and ``plan_cu_seqlens``; made once per
+    recipe and device."""
     key = (recipe, work.device)
     found = _from_recipe.get(key)
     if found is None:
         found = plan_attention_varlen(recipe.cu_seqlens_q, recipe.cu_seqlens_k, head_dim=recipe.head_dim,
                                       dtype=recipe.dtype, causal=recipe.causal, window=recipe.window,
-                                      tail=recipe.tail, tile_m=recipe.tile_m, tile_n=recipe.tile_n, mma=recipe.mma)
-        found.tables.adopt(work.device, (work,))
+                                      tail=recipe.tail, tile_m=recipe.tile_m, tile_n=recipe.tile_n, mma=recipe.mma,
+                                      rows=recipe.rows)
+        found.tables.adopt(work.device, (work, plan_cu_seqlens))
         found = _from_recipe.put(key, found)
     return found
 

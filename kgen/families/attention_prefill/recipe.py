@@ -13,12 +13,12 @@ import torch
 
 from kgen.runtime import recipes
 #: Where the cumulative lengths start: after head_dim, dtype, causal, the window's two sides, tail, tile_m,
-#: tile_n, mma and num_seqs.
-_CU_START = 10
+#: tile_n, mma, rows and num_seqs.
+_CU_START = 11
 
 
 class AttentionRecipe(tuple):
-    """``(head_dim, dtype, causal, window_left, window_right, tail, tile_m, tile_n, mma, num_seqs,
+    """``(head_dim, dtype, causal, window_left, window_right, tail, tile_m, tile_n, mma, rows, num_seqs,
     *cu_seqlens_q, *cu_seqlens_k)``.
 
     A flat tuple of ints, so that it crosses into torch.library as a ``list[int]`` (and is hashable, a memo
@@ -29,11 +29,11 @@ class AttentionRecipe(tuple):
 
     @classmethod
     def of(cls, *, head_dim: int, dtype: torch.dtype, causal: bool, window: Sequence[int], tail: str, tile_m: int,
-           tile_n: int, mma: str, seqlens_q: Sequence[int], seqlens_k: Sequence[int]) -> AttentionRecipe:
+           tile_n: int, mma: str, rows: str, seqlens_q: Sequence[int], seqlens_k: Sequence[int]) -> AttentionRecipe:
         left, right = window
         return cls((head_dim, recipes.dtype_code(dtype), int(causal), left, right,
                     recipes.axis_code("tail", tail), tile_m, tile_n, recipes.axis_code("mma", mma),
-                    len(seqlens_q), *recipes.cumulative(seqlens_q), *recipes.cumulative(seqlens_k)))
+                    recipes.axis_code("rows", rows), len(seqlens_q), *recipes.cumulative(seqlens_q), *recipes.cumulative(seqlens_k)))
 
     @property
     def head_dim(self) -> int:
@@ -69,8 +69,12 @@ class AttentionRecipe(tuple):
         return recipes.axis_value("mma", self[8])
 
     @property
+    def rows(self) -> str:
+        return recipes.axis_value("rows", self[9])
+
+    @property
     def num_seqs(self) -> int:
-        return self[9]
+        return self[10]
 
     @property
     def cu_seqlens_q(self) -> list[int]:
