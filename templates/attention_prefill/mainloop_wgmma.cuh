@@ -116,6 +116,12 @@ struct WgmmaKernel {
         __device__ unsigned q_full() const { return base + 64; }
     };
 
+    // The first row of a consumer thread's warp in the tile (16 a warp, 64 a warpgroup). Called where needed, not
+    // kept: held through the main loop (thread_row0 from it), it spilled head dim 256's 128x80 tile.
+    __device__ static __forceinline__ int warp_row0_of(int consumer_thread) {
+        return 64 * (consumer_thread / kWarpgroupThreads) + 16 * ((consumer_thread / 32) % 4);
+    }
+
     // Key tile i of a CTA's run lives in stage i % 2, and its phases alternate every two tiles.
     __device__ static __forceinline__ int stage_of(int i) { return i & 1; }
     __device__ static __forceinline__ unsigned parity_of(int i) { return (i >> 1) & 1; }
@@ -199,14 +205,11 @@ struct WgmmaKernel {
 
         const int warp = warp_index(), lane = threadIdx.x % 32;
         const int consumer_thread = threadIdx.x - (kSingleWarpgroup ? 0 : kWarpgroupThreads);
-        const int group = consumer_thread / kWarpgroupThreads;
-        const int quad_row = lane / 4, quad_col = lane % 4;
-        // The first row of this thread's warp in the tile (consumers only).
-        const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
         const auto tile = [&] {
             if constexpr (kPacked) {
                 return PackedWork<kTileM, kTileN>::of_block(args.work, args.plan_cu_seqlens, args.cu_seqlens_q, args.cu_seqlens_k,
-                                                            args.heads_per_kv, args.window_right >= 0, warp_row0 + quad_row);
+                                                            args.heads_per_kv, args.window_right >= 0,
+                                                            warp_row0_of(consumer_thread) + lane / 4);
             } else {
                 return TileWork<kTileM, kTileN, kHasIncompleteTile>::of_block(args.work, args.cu_seqlens_q, args.cu_seqlens_k,
                                                                              args.heads_per_kv, args.window_left, args.window_right);
@@ -238,8 +241,10 @@ struct WgmmaKernel {
 
         // ---- Consumers ----
         if constexpr (!kSingleWarpgroup) claim_registers<kConsumerRegisters>();
+        const int group = consumer_thread / kWarpgroupThreads;
+        const int quad_row = lane / 4, quad_col = lane % 4;
         // This thread's rows: thread_row0 and 8 below it (wgmma's accumulator layout).
-        const int thread_row0 = tile.row0 + warp_row0 + quad_row;
+        const int thread_row0 = tile.row0 + 64 * group + 16 * ((consumer_thread / 32) % 4) + quad_row;
         auto row_of = [&](int i) { return thread_row0 + 8 * i; };
         const unsigned q_rows = s_q + 64 * group * kSpanBytes;  // the group's rows of the first panel
 
@@ -391,6 +396,7 @@ struct WgmmaKernel {
         // One stmatrix stores two column blocks of both of a thread's rows: matrices (rows, column block) (r, db),
         // (r + 8, db), (r, db + 1), (r + 8, db + 1), lane 8 m + j addressing row j of matrix m.
         unsigned char* const o_tile = smem_raw + (s_q - smem_addr(smem_raw));
+        const int warp_row0 = warp_row0_of(consumer_thread);
         unsigned pairs[2][kHeadDim / 8];  // [row i][column block]: the thread's packed elements, for stmatrix
         write_output<T, kHasIncompleteTile>(state, lse_head, tile.lq, sink_log2, quad_col, row_of,
                                             [&](int i, int, int db, unsigned pair) { pairs[i][db] = pair; });

@@ -141,21 +141,24 @@ struct PackedWork {
         mask_columns(s, [&](int, int half) { return make_int2(keys[half].x - base, keys[half].y - base); });
     }
 
-    // Sets NaN sums on the thread's rows whose sequence owns a row of key tile key0 marked in row_bits.
+    // Sets NaN sums on the thread's rows whose sequence owns a row of key tile key0 marked in row_bits. A loop over
+    // the marked rows (the same for every thread, and rare), each compared with the rows' sequences: a range mask
+    // of shifts, the first form, marked the complement of the owners on the GPU (bench/NOTES.md, session 26).
     template <int kHeadDim>
     __device__ __forceinline__ void poison_owners(attention::RowState<1, kHeadDim>& state, const unsigned* row_bits, int key0) const {
+        bool owns[2] = {false, false};
+        for (int w = 0; w < (kTileN + 31) / 32; ++w) {
+            for (unsigned marked = row_bits[w]; marked != 0u; marked &= marked - 1u) {
+                const int key = key0 + 32 * w + __ffs(marked) - 1;
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    owns[half] |= sequence_keys[half].x <= key && key < sequence_keys[half].y;
+                }
+            }
+        }
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            bool owns = false;
-#pragma unroll
-            for (int w = 0; w < (kTileN + 31) / 32; ++w) {
-                // This word's rows of the sequence: [lo, hi) of its 32.
-                const int lo = max(0, min(32, sequence_keys[half].x - key0 - 32 * w));
-                const int hi = max(0, min(32, sequence_keys[half].y - key0 - 32 * w));
-                const unsigned below_hi = hi == 32 ? ~0u : (1u << hi) - 1u, below_lo = lo == 32 ? ~0u : (1u << lo) - 1u;
-                owns |= (row_bits[w] & below_hi & ~below_lo) != 0u;
-            }
-            if (owns) state.sum[half] = quiet_nan();
+            if (owns[half]) state.sum[half] = quiet_nan();
         }
     }
 
