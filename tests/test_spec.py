@@ -420,7 +420,7 @@ SPEC_KEYS = ["family", "description", "template", "entries", "allow_spills", "mi
 # specs reach past the schema into exclusion/default checks and expansion.
 AXIS_VALUES = st.sampled_from([
     8, 64, 80, 128, 512, 12, 0, -8, 1, 2, 4, 32, 33, 1024, 2048, 8.0, 64.5,
-    "bf16", "fp16", "fp32", "fp64", "tma", "cp_async", "dma", "kv", "vk", "paged", "contiguous", True, False, None, "",
+    "bf16", "fp16", "fp32", "fp64", "tma", "cp_async", "dma", "kv", "vk", "paged", "contiguous", "packed", True, False, None, "",
     "64",
 ])
 SCALARS = st.one_of(
@@ -445,6 +445,7 @@ VALID_VALUES = {
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": [1, 2, 4],
     "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"], "kv_layout": ["contiguous", "paged"],
     "kv_load": ["tma", "cp_async"], "stages": [2, 3, 4], "epilogue": ["none", "swiglu", "swiglu_quantize"],
+    "rows": ["per_sequence", "packed"],
 }
 assert set(VALID_VALUES) == set(AXES)
 
@@ -722,6 +723,7 @@ ALL_VALUES = {
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": list(range(1, 17)),
     "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"], "kv_layout": ["contiguous", "paged"],
     "kv_load": ["tma", "cp_async"], "stages": [2, 3, 4], "epilogue": ["none", "swiglu", "swiglu_quantize"],
+    "rows": ["per_sequence", "packed"],
 }
 assert set(ALL_VALUES) == set(AXES)
 
