@@ -177,8 +177,9 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
     window_left, window_right = kernel_window(merged_window, plan.schedule.max_seqlen_q, plan.schedule.max_seqlen_k)
     # The kernel's row strides of out and lse are those of contiguous tensors (checked above, or new).
     launch = cached_launcher(plan.variant, FAMILY, q.device.index).bound(
-        work=work.data_ptr(), plan_cu_seqlens=plan_cu_seqlens.data_ptr(), heads_per_kv=heads_q // heads_kv, q_stride_t=q.stride(0), q_stride_h=q.stride(1),
-        k_stride_t=k.stride(0), k_stride_h=k.stride(1), v_stride_t=v.stride(0), v_stride_h=v.stride(1),
+        work=work.data_ptr(), plan_cu_seqlens=plan_cu_seqlens.data_ptr(), heads_per_kv=heads_q // heads_kv,
+        q_stride_t=q.stride(0), q_stride_h=q.stride(1), k_stride_t=k.stride(0), k_stride_h=k.stride(1),
+        v_stride_t=v.stride(0), v_stride_h=v.stride(1),
         o_stride_t=heads_q * head_dim, o_stride_h=head_dim, lse_stride_h=total_q, scale_log2=scale_log2,
         window_left=window_left, window_right=window_right)
     return _PreparedCall(q.device.index, launch, (num_work, heads_q), maps, map_args, tables, out_shape, lse_shape)

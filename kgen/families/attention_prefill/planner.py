@@ -16,7 +16,6 @@ from kgen.families.attention_prefill.plan import (TileSchedule, choose_schedule,
                                                   validate_window)
 from kgen.families.attention_prefill.recipe import AttentionRecipe
 from kgen.registry import UnsupportedVariantError, Variant
-from kgen.runtime import recipes
 from kgen.runtime.checks import check_int, check_plan_device, seqlens_from_cu
 from kgen.runtime.tables import DeviceTables
 from kgen.runtime.dispatch import DTYPE_NAMES, SpecPathMemo, full_tiles_twin, planning_sm, spec_dtypes
@@ -159,15 +158,15 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     chosen = choose_schedule(schedules, [v.score_cost for v in candidates])
     any_tiles, schedule = candidates[chosen], schedules[chosen]
     variant = any_tiles if schedule.has_incomplete_tile else full_tiles_twin(FAMILY, any_tiles)
-    work = torch.from_numpy(schedule.work)
-    plan_cu = torch.tensor(recipes.cumulative(seqlens_q), dtype=torch.int32)
-    tables = DeviceTables(lambda to: (work.to(to), plan_cu.to(to)), "work list", one_device=True)
-    if device is not None:
-        tables.on(device)
     params = variant.param_dict
     recipe = AttentionRecipe.of(head_dim=head_dim, dtype=dtype, causal=causal, window=window, tail=params["tail"],
                                 tile_m=params["tile_m"], tile_n=params["tile_n"], mma=params["mma"],
                                 rows=params["rows"], seqlens_q=seqlens_q, seqlens_k=seqlens_k)
+    work = torch.from_numpy(schedule.work)
+    plan_cu = torch.tensor(recipe.cu_seqlens_q, dtype=torch.int32)
+    tables = DeviceTables(lambda to: (work.to(to), plan_cu.to(to)), "work list", one_device=True)
+    if device is not None:
+        tables.on(device)
     return AttentionPlan(schedule, head_dim, dtype, merged_window, len(seqlens_q), variant, tables, recipe)
 
 
