@@ -116,12 +116,6 @@ struct WgmmaKernel {
         __device__ unsigned q_full() const { return base + 64; }
     };
 
-    // The first row of a consumer thread's warp in the tile (16 a warp, 64 a warpgroup). Called where needed, not
-    // kept: held through the main loop (thread_row0 from it), it spilled head dim 256's 128x80 tile.
-    __device__ static __forceinline__ int warp_row0_of(int consumer_thread) {
-        return 64 * (consumer_thread / kWarpgroupThreads) + 16 * ((consumer_thread / 32) % 4);
-    }
-
     // Key tile i of a CTA's run lives in stage i % 2, and its phases alternate every two tiles.
     __device__ static __forceinline__ int stage_of(int i) { return i & 1; }
     __device__ static __forceinline__ unsigned parity_of(int i) { return (i >> 1) & 1; }
@@ -203,19 +197,16 @@ struct WgmmaKernel {
         }
         __syncthreads();
 
-        const int warp = warp_index(), lane = threadIdx.x % 32;
-        const int consumer_thread = threadIdx.x - (kSingleWarpgroup ? 0 : kWarpgroupThreads);
-        const auto tile = [&] {
+        auto tile = [&] {  // a packed item's rows are found after its loads are issued (find_rows)
             if constexpr (kPacked) {
-                return PackedWork<kTileM, kTileN>::of_block(args.work, args.plan_cu_seqlens, args.cu_seqlens_q, args.cu_seqlens_k,
-                                                            args.heads_per_kv, args.window_right >= 0,
-                                                            warp_row0_of(consumer_thread) + lane / 4);
+                return PackedWork<kTileM, kTileN>::of_block(args.work, args.heads_per_kv);
             } else {
                 return TileWork<kTileM, kTileN, kHasIncompleteTile>::of_block(args.work, args.cu_seqlens_q, args.cu_seqlens_k,
                                                                              args.heads_per_kv, args.window_left, args.window_right);
             }
         }();
         const int num_tiles = max(tile.n_end - tile.n_begin, 0);
+        const int warp = warp_index(), lane = threadIdx.x % 32;
         auto first_key = [&](int i) { return tile.k_start + (tile.n_begin + i) * kTileN; };  // of the run's key tile i
 
         if constexpr (!kSingleWarpgroup) {
@@ -241,6 +232,7 @@ struct WgmmaKernel {
 
         // ---- Consumers ----
         if constexpr (!kSingleWarpgroup) claim_registers<kConsumerRegisters>();
+        const int consumer_thread = threadIdx.x - (kSingleWarpgroup ? 0 : kWarpgroupThreads);
         const int group = consumer_thread / kWarpgroupThreads;
         const int quad_row = lane / 4, quad_col = lane % 4;
         // This thread's rows: thread_row0 and 8 below it (wgmma's accumulator layout).
@@ -254,7 +246,10 @@ struct WgmmaKernel {
 #pragma unroll
             for (int e = 0; e < 4; ++e) state.o[0][db][e] = 0.f;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) state.max[i] = -inf(), state.sum[i] = tile.initial_sum(i);
+        for (int i = 0; i < 2; ++i) {
+            state.max[i] = -inf();
+            if constexpr (!kPacked) state.sum[i] = tile.initial_sum(i);
+        }
 
         auto mask_if_crossing = [&](Scores& s, int key0) { tile.mask_tile(s, key0, thread_row0, quad_col); };
         // Only a sequence's last key tile can be incomplete, and it is the run's last: the rows of its V buffer past
@@ -310,6 +305,10 @@ struct WgmmaKernel {
                     attention::load_tile_tma<QTile>(s_q, args.map_q, tile.q_start + tile.row0, tile.head, bars.q_full(), read_once);
                     load_key_tile(s_k, args.map_k, first_key(0), tile.kv_head, bars.k_full(0), read_again);
                     load_key_tile(s_v, args.map_v, first_key(0), tile.kv_head, bars.v_full(0), read_again);
+                }
+                if constexpr (kPacked) {
+                    tile.find_rows(args.plan_cu_seqlens, args.cu_seqlens_q, args.cu_seqlens_k, args.window_right >= 0, thread_row0);
+                    for (int i = 0; i < 2; ++i) state.sum[i] = tile.initial_sum(i);
                 }
                 mbarrier_wait(bars.q_full(), 0);
                 for (int i = 0; i < num_tiles; ++i) {
@@ -396,7 +395,7 @@ struct WgmmaKernel {
         // One stmatrix stores two column blocks of both of a thread's rows: matrices (rows, column block) (r, db),
         // (r + 8, db), (r, db + 1), (r + 8, db + 1), lane 8 m + j addressing row j of matrix m.
         unsigned char* const o_tile = smem_raw + (s_q - smem_addr(smem_raw));
-        const int warp_row0 = warp_row0_of(consumer_thread);
+        const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
         unsigned pairs[2][kHeadDim / 8];  // [row i][column block]: the thread's packed elements, for stmatrix
         write_output<T, kHasIncompleteTile>(state, lse_head, tile.lq, sink_log2, quad_col, row_of,
                                             [&](int i, int, int db, unsigned pair) { pairs[i][db] = pair; });

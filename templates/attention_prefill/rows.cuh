@@ -127,6 +127,7 @@ template <int kTileM, int kTileN>
 struct PackedWork {
     int head, kv_head, q_start, lq, k_start, lk, row0, n_begin, n_end;
     int first_key;          // k0 - k_start: rows of the first key tile before it are another sequence's
+    int first_sequence, last_sequence;
     bool mixed;             // rows of more than one sequence
     int2 keys[2];           // the thread's rows' allowed keys [x, y), counted from k_start
     int2 sequence_keys[2];  // the keys of the thread's rows' sequences [x, y), counted from k_start
@@ -162,10 +163,8 @@ struct PackedWork {
         }
     }
 
-    // thread_row0: the thread's first row in the tile; its other is 8 below.
-    __device__ static __forceinline__ PackedWork of_block(const int* work, const int* plan_cu_seqlens, const int* cu_seqlens_q,
-                                                          const int* cu_seqlens_k, long long heads_per_kv, bool causal,
-                                                          int thread_row0) {
+    // The item's fields; its rows' are find_rows'.
+    __device__ static __forceinline__ PackedWork of_block(const int* work, long long heads_per_kv) {
         PackedWork t;
         const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * blockIdx.x);
         const int2 sequences = item[0], tokens = item[1], key_bounds = item[2];
@@ -179,29 +178,38 @@ struct PackedWork {
         t.k_start = key_bounds.y - t.n_end * kTileN;
         t.lk = key_bounds.y - t.k_start;
         t.first_key = key_bounds.x - t.k_start;
+        t.first_sequence = sequences.x;
+        t.last_sequence = sequences.y;
         t.mixed = sequences.x != sequences.y;
+        return t;
+    }
+
+    // Each of the thread's rows (thread_row0 in the tile and 8 below) finds its sequence in the plan's cu_seqlens,
+    // its keys, and whether the call's cu_seqlens agree. Called once the item's loads are issued: the search's
+    // dependent loads would otherwise hold them back (ncu, bench/NOTES.md, session 26).
+    __device__ __forceinline__ void find_rows(const int* plan_cu_seqlens, const int* cu_seqlens_q, const int* cu_seqlens_k,
+                                              bool causal, int thread_row0) {
+        const int t0 = q_start, t1 = q_start + lq;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const int token = tokens.x + thread_row0 + 8 * half;
-            if (token >= tokens.y) {  // past the batch: no keys, never stored
-                t.keys[half] = t.sequence_keys[half] = make_int2(0, 0);
-                t.matches_plan[half] = true;
+            const int token = t0 + thread_row0 + 8 * half;
+            if (token >= t1) {  // past the batch: no keys, never stored
+                keys[half] = sequence_keys[half] = make_int2(0, 0);
+                matches_plan[half] = true;
                 continue;
             }
             // The last of first..last starting at or before the token (empty sequences start where the next does).
-            int lo = sequences.x, hi = sequences.y;
+            int lo = first_sequence, hi = last_sequence;
             while (lo < hi) {
                 const int mid = (lo + hi + 1) / 2;
                 if (plan_cu_seqlens[mid] <= token) lo = mid; else hi = mid - 1;
             }
             const int start = plan_cu_seqlens[lo], end = plan_cu_seqlens[lo + 1];
-            t.sequence_keys[half] = make_int2(start - t.k_start, end - t.k_start);
-            t.keys[half] = make_int2(start - t.k_start, (causal ? token + 1 : end) - t.k_start);
-            // Loads and addresses never wait for this: only the row's starting sum does (see initial_sum).
-            t.matches_plan[half] = (cu_seqlens_q[lo] == start) & (cu_seqlens_q[lo + 1] == end) &
-                                   (cu_seqlens_k[lo] == start) & (cu_seqlens_k[lo + 1] == end);
+            sequence_keys[half] = make_int2(start - k_start, end - k_start);
+            keys[half] = make_int2(start - k_start, (causal ? token + 1 : end) - k_start);
+            matches_plan[half] = (cu_seqlens_q[lo] == start) & (cu_seqlens_q[lo + 1] == end) &
+                                 (cu_seqlens_k[lo] == start) & (cu_seqlens_k[lo + 1] == end);
         }
-        return t;
     }
 };
 
