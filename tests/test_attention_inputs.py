@@ -276,3 +276,11 @@ def test_unusual_option_types_always_take_the_checks(causal, window, scale):
     t = torch.zeros((4, 2, 64), dtype=torch.bfloat16)
     assert op._call_key(t, t, t, t, t, None, None, None, causal, window, scale) is None
     assert op._call_key(t, t, t, t, t, None, None, None, False, (-1, -1), 0.5) is not None
+
+
+def test_the_memoised_tile_candidates_are_each_callers_own():
+    """The planner extends the per-sequence shapes by the packed ones: a caller's list must not be the memo's."""
+    first = planner.tile_candidates(128, torch.bfloat16, None, None, 90)
+    first.append("extended")
+    again = planner.tile_candidates(128, torch.bfloat16, None, None, 90)
+    assert "extended" not in again and again == first[:-1]

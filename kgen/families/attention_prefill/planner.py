@@ -79,7 +79,12 @@ def tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m:
     """The has_incomplete_tile=true variant of each tile shape the spec offers for this call on arch ``sm``, in
     its order of preference (on sm_90 wgmma's shapes, then mma_sync's, which wins short sequences by computing
     fewer padded scores in its smaller tiles, though at a higher cost per score: see choose_schedule); of the
-    spec's default ``rows`` unless ``rows`` is given."""
+    spec's default ``rows`` unless ``rows`` is given. Memoised per spec path: a plan asks twice (per-sequence and
+    packed shapes), and the registry's search is a tenth of a millisecond each."""
+    key = (head_dim, dtype, tail, tile_m, sm, mma, tile_n, rows)
+    found = _candidates.get(key)
+    if found is not None:
+        return list(found)  # the caller's to extend
     wanted = {"tail": tail} if tail is not None else {}
     if rows is not None:
         wanted["rows"] = rows
@@ -98,7 +103,7 @@ def tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m:
         raise UnsupportedVariantError(f"{FAMILY}: no variant for head_dim={head_dim}, dtype={DTYPE_NAMES[dtype]}"
                                       f"{''.join(f', {k}={x}' for k, x in wanted.items())} runs on sm_{sm}: "
                                       f"{offered[0].name} and the others {offered[0].arch_refusal(sm)}")
-    return runnable
+    return list(_candidates.put(key, tuple(runnable)))
 
 
 def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: torch.dtype = torch.bfloat16,
@@ -172,11 +177,15 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
 
 def _packed_candidates(head_dim, dtype, tail, tile_m, sm, mma, tile_n, *, required: bool) -> list[Variant]:
     """The spec's packed tile shapes for this call, none where it offers none (an error where they are required)."""
+    key = (head_dim, dtype, tail, tile_m, sm, mma, tile_n)
+    if not required and _no_packed.get(key):
+        return []
     try:
         return tile_candidates(head_dim, dtype, tail, tile_m, sm, mma, tile_n, "packed")
     except UnsupportedVariantError:
         if required:
             raise
+        _no_packed.put(key, True)
         return []
 
 
@@ -196,3 +205,5 @@ def plan_from_recipe(recipe: AttentionRecipe, work: torch.Tensor, plan_cu_seqlen
 
 
 _from_recipe = SpecPathMemo()
+_candidates = SpecPathMemo()
+_no_packed = SpecPathMemo()  # the calls for which the spec path offers no packed shape
