@@ -81,6 +81,7 @@ def tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m:
     fewer padded scores in its smaller tiles, though at a higher cost per score: see choose_schedule); of the
     spec's default ``rows`` unless ``rows`` is given. Memoised per spec path: a plan asks twice (per-sequence and
     packed shapes), and the registry's search is a tenth of a millisecond each."""
+    family = registry.current().family(FAMILY)  # first: a changed spec path empties the memo
     key = (head_dim, dtype, tail, tile_m, sm, mma, tile_n, rows)
     found = _candidates.get(key)
     if found is not None:
@@ -94,7 +95,6 @@ def tile_candidates(head_dim: int, dtype: torch.dtype, tail: str | None, tile_m:
         wanted["tile_n"] = tile_n
     if mma is not None:
         wanted["mma"] = mma
-    family = registry.current().family(FAMILY)
     # A tile shape is what the spec's configs set together (kernel, head dim, tiles, warps, occupancy).
     offered = family.preferred(group_by=family.config_axes, head_dim=head_dim, dtype=DTYPE_NAMES[dtype],
                                has_incomplete_tile=True, **wanted)
@@ -177,6 +177,7 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
 
 def _packed_candidates(head_dim, dtype, tail, tile_m, sm, mma, tile_n, *, required: bool) -> list[Variant]:
     """The spec's packed tile shapes for this call, none where it offers none (an error where they are required)."""
+    registry.current()  # first: a changed spec path empties the memos
     key = (head_dim, dtype, tail, tile_m, sm, mma, tile_n)
     if not required and _no_packed.get(key):
         return []
