@@ -211,7 +211,7 @@ def test_a_file_written_before_the_family_gained_an_axis_takes_its_default(tmp_p
                                              {"num_warps": 2, "tail": "cp_async"}]
 
 
-def test_an_older_user_spec_of_attention_prefill_takes_tail_s_default_and_is_told_mma_has_none(tmp_path):
+def test_an_older_user_spec_of_attention_prefill_takes_tail_s_and_rows_defaults_and_is_told_mma_has_none(tmp_path):
     old = ("family: attention_prefill\naxes: {dtype: [bf16], has_incomplete_tile: [true]}\n"
            "configs:\n  - {head_dim: 80, tile_m: 64, tile_n: 64, num_warps: 4, min_blocks_per_sm: 2%s}\n")
     folder = make_folder(tmp_path, "user", {"old.yaml": old % ""})
@@ -221,7 +221,7 @@ def test_an_older_user_spec_of_attention_prefill_takes_tail_s_default_and_is_tol
     family = Registry([folder, config.BUILTIN_SPEC_DIR]).family("attention_prefill")
     added = [params(v) for v in family.variants if v.param_dict["head_dim"] == 80]
     assert added == [dict(mma="mma_sync", head_dim=80, tile_m=64, tile_n=64, num_warps=4, min_blocks_per_sm=2,
-                          dtype="bf16", tail="tma", has_incomplete_tile=True)]
+                          dtype="bf16", tail="tma", has_incomplete_tile=True, rows="per_sequence")]
 
 
 def test_an_extra_axis_is_reported_on_its_own_line(tmp_path):
