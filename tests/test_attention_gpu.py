@@ -234,15 +234,20 @@ def test_poisoned_neighbours_on_random_batches(seqs, data, kernel, causal, windo
 self_lengths = st.one_of(st.integers(0, 200), st.sampled_from([1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129]))
 
 
+# (causal, window) pairs packed tiles run: causal, none, and causal given as the window (-1, 0).
+PACKED_MASKS = [(True, (-1, -1)), (False, (-1, -1)), (False, (-1, 0))]
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seqlens=st.lists(self_lengths, min_size=1, max_size=8), shape=st.sampled_from(packed_shapes()),
     heads_kv=st.sampled_from([1, 2]), group=st.sampled_from([1, 2, 4]), dtype=st.sampled_from(list(DTYPES)),
-    causal=st.booleans(), use_sink=st.booleans(), seed=st.integers(0, 2**31 - 1),
+    mask=st.sampled_from(PACKED_MASKS), use_sink=st.booleans(), seed=st.integers(0, 2**31 - 1),
 )
-def test_packed_tiles_match_reference(seqlens, shape, heads_kv, group, dtype, causal, use_sink, seed):
+def test_packed_tiles_match_reference(seqlens, shape, heads_kv, group, dtype, mask, use_sink, seed):
     head_dim, tile_n = shape
-    run_case(seqlens, seqlens, heads_kv, group, head_dim, DTYPES[dtype], causal, (-1, -1), use_sink, seed,
+    causal, window = mask
+    run_case(seqlens, seqlens, heads_kv, group, head_dim, DTYPES[dtype], causal, window, use_sink, seed,
              tile_n=tile_n, rows="packed")
 
 
@@ -263,10 +268,42 @@ def test_packed_tiles_keep_poisoned_neighbours_out(lengths, causal, shape):
 @given(seqlens=st.lists(self_lengths, min_size=2, max_size=8), data=st.data(), shape=st.sampled_from(packed_shapes()),
        causal=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_packed_tiles_keep_poisoned_neighbours_out_on_random_batches(seqlens, data, shape, causal, seed):
-    poisoned = data.draw(st.integers(0, len(seqlens) - 1), label="poisoned")
+    # A poisoned empty sequence would test nothing.
+    poisoned = data.draw(st.sampled_from([i for i, n in enumerate(seqlens) if n] or [0]), label="poisoned")
     head_dim, tile_n = shape
     run_case(seqlens, seqlens, 1, 2, head_dim, torch.float16, causal, (-1, -1), True, seed, tile_n=tile_n,
              poisoned=poisoned, rows="packed")
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
+@pytest.mark.parametrize("where", ["first", "last"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", packed_shapes(), ids=lambda s: f"hd{s[0]}-n{s[1]}")
+def test_packed_tiles_keep_one_nonfinite_value_to_its_sequence(shape, causal, where, value):
+    """One element of V (the last column of the second kv head, at a sequence's first or last token) is Inf or
+    NaN, q and k finite: every other sequence's rows are bitwise those of the clean run, and the token's own row
+    shows it in that column for the query heads of that kv head (the guard zeroes the row for the others and
+    must mark its own sequence's rows; a scan that missed a span or a head would let it through or hide it)."""
+    head_dim, tile_n = shape
+    lengths = [63, 65, 70, 1, 65]
+    cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    plan = plan_attention_varlen(cu, cu, head_dim=head_dim, causal=causal, tile_n=tile_n, rows="packed")
+    gen = torch.Generator(device="cuda").manual_seed(tile_n)
+    q = torch.randn((cu[-1], 4, head_dim), generator=gen, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn((cu[-1], 2, head_dim), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    cu_d = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    clean, clean_lse = attention_varlen(q, k, v, cu_d, cu_d, causal=causal, plan=plan, return_lse=True)
+    for owner in range(len(lengths)):
+        token = cu[owner] if where == "first" else cu[owner + 1] - 1
+        bad = v.clone()
+        bad[token, 1, head_dim - 1] = value
+        out, lse = attention_varlen(q, k, bad, cu_d, cu_d, causal=causal, plan=plan, return_lse=True)
+        torch.cuda.synchronize()
+        others = torch.ones(cu[-1], dtype=torch.bool, device="cuda")
+        others[cu[owner]:cu[owner + 1]] = False
+        assert torch.equal(out[others], clean[others]) and torch.equal(lse[:, others], clean_lse[:, others]), owner
+        assert not torch.isfinite(out[token, 2:, head_dim - 1]).any(), f"sequence {owner}'s own row hides the value"
+        assert torch.equal(out[token, :2], clean[token, :2]), "the other kv head's query heads must not see it"
 
 
 def test_without_a_plan_the_op_plans_for_itself():

@@ -137,6 +137,15 @@ def test_the_planner_packs_where_that_computes_fewer_scores():
         assert plan.variant.param_dict["rows"] == rows, length
 
 
+def test_packed_items_take_causality_from_the_merged_window():
+    """causal=False with window (-1, 0) is causal: its packed items end their keys at their last token."""
+    cu = [65 * i for i in range(5)]
+    as_window = plan_attention_varlen(cu, cu, head_dim=128, window=(-1, 0), rows="packed")
+    as_flag = plan_attention_varlen(cu, cu, head_dim=128, causal=True, rows="packed")
+    assert np.array_equal(as_window.schedule.work, as_flag.schedule.work)
+    assert (as_window.schedule.work[:, 5] == as_window.schedule.work[:, 3]).all()  # k1 = t1
+
+
 def test_a_packed_plan_reads_back_from_its_recipe():
     cu = [0, 65, 130, 195]
     plan = plan_attention_varlen(cu, cu, head_dim=128, causal=True, rows="packed")

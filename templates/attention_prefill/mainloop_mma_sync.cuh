@@ -34,6 +34,7 @@ struct MmaSyncKernel {
     static constexpr int kDynamicSmemBytes = Smem::kDynamicBytes;
 
     static_assert(kWarps == 4 || kWarps == 8, "attention_prefill: with mma=mma_sync, num_warps must be 4 or 8");
+    static_assert(!Config::kPacked, "attention_prefill: rows=packed needs mma=wgmma (this kernel reads per-sequence work items)");
     static_assert(kTileM == 64 || kTileM == 128, "attention_prefill: with mma=mma_sync, tile_m must be 64 or 128");
     static_assert(kTileN == 32 || kTileN == 64 || kTileN == 128, "attention_prefill: with mma=mma_sync, tile_n must be 32, 64 or 128");
     static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,

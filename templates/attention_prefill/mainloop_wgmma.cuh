@@ -271,14 +271,14 @@ struct WgmmaKernel {
         auto guard_packed_values = [&](int i) {
             if constexpr (kPacked) {
                 unsigned char* const v_tile = smem_raw + (s_v - smem_addr(smem_raw));
-                const int first_row = i == 0 ? tile.first_key : 0;
+                const int first_row = i == 0 ? tile.first_item_key : 0;
                 bool wrote = first_row > 0;
                 if (wrote) attention::clear_rows_outside<KVTile, kConsumerThreads>(v_tile, first_row, kTileN, consumer_thread);
                 if (tile.mixed &&
                     __syncthreads_or(attention::holds_nonfinite<T, KVTile, kConsumerThreads>(v_tile, first_row, consumer_thread))) {
                     attention::mark_nonfinite_rows<T, KVTile, kConsumerThreads>(v_tile, first_row, row_bits, consumer_thread);
                     __syncthreads();
-                    tile.poison_owners(state, row_bits, i * kTileN);
+                    tile.poison_owners(state, row_bits, (tile.n_begin + i) * kTileN);
                     attention::clear_marked_rows<KVTile, kConsumerThreads>(v_tile, row_bits, consumer_thread);
                     __syncthreads();  // every thread has read the marks
                     if (consumer_thread == 0) {

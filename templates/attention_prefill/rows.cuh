@@ -126,7 +126,7 @@ struct TileWork {
 template <int kTileM, int kTileN>
 struct PackedWork {
     int head, kv_head, q_start, lq, k_start, lk, row0, n_begin, n_end;
-    int first_key;          // k0 - k_start: rows of the first key tile before it are another sequence's
+    int first_item_key;     // k0 - k_start: rows of the first key tile before it are another sequence's
     int first_sequence, last_sequence;
     bool mixed;             // rows of more than one sequence
     int2 keys[2];           // the thread's rows' allowed keys [x, y), counted from k_start
@@ -177,7 +177,7 @@ struct PackedWork {
         t.n_end = (key_bounds.y - key_bounds.x + kTileN - 1) / kTileN;
         t.k_start = key_bounds.y - t.n_end * kTileN;
         t.lk = key_bounds.y - t.k_start;
-        t.first_key = key_bounds.x - t.k_start;
+        t.first_item_key = key_bounds.x - t.k_start;
         t.first_sequence = sequences.x;
         t.last_sequence = sequences.y;
         t.mixed = sequences.x != sequences.y;

@@ -151,15 +151,24 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
                          f"causal mask; got window={merged_window}" + ("" if seqlens_q == seqlens_k else
                                                                        " and other key lengths than query lengths"))
     sm = planning_sm(device)
-    candidates = [] if rows == "packed" else tile_candidates(head_dim, dtype, tail, tile_m, sm, mma, tile_n,
-                                                             "per_sequence")
+    candidates, no_shape = [], None
+    if rows != "packed":
+        try:
+            candidates = tile_candidates(head_dim, dtype, tail, tile_m, sm, mma, tile_n, "per_sequence")
+        except UnsupportedVariantError as exc:
+            if not can_pack or rows is not None:  # a spec may offer a head dim packed tiles alone
+                raise
+            no_shape = exc
     schedules = [plan_tiles(seqlens_q, seqlens_k, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"],
                             causal=causal, window=window) for v in candidates]
     if can_pack and rows != "per_sequence":
         packed = _packed_candidates(head_dim, dtype, tail, tile_m, sm, mma, tile_n, required=rows == "packed")
+        if not (candidates or packed):
+            raise no_shape
         candidates += packed
+        # Causal is the merged window's: causal=False with window (-1, 0) is causal too, as the kernel sees it.
         schedules += [plan_packed_tiles(seqlens_q, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"],
-                                        causal=causal) for v in packed]
+                                        causal=merged_window[1] == 0) for v in packed]
     chosen = choose_schedule(schedules, [v.score_cost for v in candidates])
     any_tiles, schedule = candidates[chosen], schedules[chosen]
     variant = any_tiles if schedule.has_incomplete_tile else full_tiles_twin(FAMILY, any_tiles)
