@@ -20,7 +20,7 @@ pytestmark = [
 from kgen import config, registry  # noqa: E402
 from kgen.runtime.dispatch import contract, launcher  # noqa: E402
 from kgen.families.attention_prefill import attention_varlen  # noqa: E402
-from kgen.families.attention_prefill.plan import plan_tiles  # noqa: E402
+from kgen.families.attention_prefill.plan import plan_packed_tiles, plan_tiles  # noqa: E402
 from kgen.families.attention_prefill.planner import AttentionPlan  # noqa: E402
 from kgen.runtime.tables import DeviceTables  # noqa: E402
 
@@ -48,12 +48,17 @@ def test_attention_neighbour(variant, causal):
     incomplete = params["has_incomplete_tile"]
     whole = math.lcm(params["tile_m"], params["tile_n"])  # a length of whole query and key tiles
     lengths = [63, 200, 1, 129] if incomplete else [2 * whole, 4 * whole, whole]
-    schedule = plan_tiles(lengths, lengths, tile_m=params["tile_m"], tile_n=params["tile_n"], causal=causal,
-                          window=(-1, -1))
+    if params["rows"] == "packed":  # tiles of consecutive tokens, the sequences' rows mixed
+        schedule = plan_packed_tiles(lengths, tile_m=params["tile_m"], tile_n=params["tile_n"], causal=causal)
+    else:
+        schedule = plan_tiles(lengths, lengths, tile_m=params["tile_m"], tile_n=params["tile_n"], causal=causal,
+                              window=(-1, -1))
     assert schedule.has_incomplete_tile is incomplete
     work = torch.from_numpy(schedule.work)
+    cu_host = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     plan = AttentionPlan(schedule, params["head_dim"], torch.bfloat16, (-1, 0 if causal else -1), len(lengths),
-                         variant, DeviceTables(lambda device: (work.to(device),), "work list", one_device=True))
+                         variant, DeviceTables(lambda device: (work.to(device), cu_host.to(device)), "work list",
+                                               one_device=True))
     gen = torch.Generator(device="cuda").manual_seed(params["head_dim"] + params["tile_n"])
     total, head_dim = sum(lengths), params["head_dim"]
     q = torch.randn((total, 4, head_dim), generator=gen, device="cuda").to(torch.bfloat16)
