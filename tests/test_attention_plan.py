@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from kgen.families.attention_prefill.contract import ATTENTION_WORK_FIELDS
 from kgen.families.attention_prefill.plan import (
-    WORK_TOLERANCE, TileSchedule, choose_schedule, key_tile_range, packable, plan_packed_tiles, plan_tiles,
-    validate_window,
+    WORK_TOLERANCE, TileSchedule, check_batch, choose_schedule, key_tile_range, packable, plan_packed_tiles, plan_tiles,
+    schedule_packed_tiles, validate_window,
 )
 from kgen.runtime.checks import seqlens_from_cu
 
@@ -284,9 +284,12 @@ def test_packed_tiles_against_each_token(lengths, tile_m, tile_n, causal):
 
 
 def test_packing_is_for_self_attention_under_no_window_but_the_causal_mask():
-    assert packable([3, 65], [3, 65], (-1, 0)) and packable([3, 65], [3, 65], (-1, -1))
-    assert not packable([3, 65], [3, 66], (-1, 0))
-    assert not packable([3, 65], [3, 65], (10, 0)) and not packable([3, 65], [3, 65], (-1, 5))
+    same = check_batch([3, 65], [3, 65])
+    assert packable(same, (-1, 0)) and packable(same, (-1, -1))
+    assert not packable(check_batch([3, 65], [3, 66]), (-1, 0))
+    assert not packable(same, (10, 0)) and not packable(same, (-1, 5))
+    with pytest.raises(ValueError, match="seqlens_k: packed tiles need self-attention"):
+        schedule_packed_tiles(check_batch([3, 65], [3, 66]), tile_m=64, tile_n=64, causal=True)
 
 
 def test_plan_tiles_refuses_bad_arguments_by_name():

@@ -104,8 +104,39 @@ def _key_tile_bounds(first_row, lq, lk, *, tile_m: int, tile_n: int, window: tup
     return np.where(visible, first_key // tile_n, 0), np.where(visible, last_key // tile_n + 1, 0)
 
 
+@dataclass(frozen=True, eq=False)
+class CheckedBatch:
+    """A batch's query and key lengths (int64 arrays), checked once by :func:`check_batch` for planning it in
+    several tile shapes: checking a list of 4,096 lengths took most of a plan's host time when each shape's
+    schedule checked it again."""
+
+    lq: np.ndarray
+    lk: np.ndarray
+
+
+def check_batch(seqlens_q: Sequence[int], seqlens_k: Sequence[int]) -> CheckedBatch:
+    """The lengths as arrays, each a non-negative int, as many keys as queries per sequence, each sequence's query
+    and key positions within the kernels' 32 bits; an error names the argument at fault."""
+    lq = check_seqlens("seqlens_q", seqlens_q)
+    lk = check_seqlens("seqlens_k", seqlens_k)
+    if len(lk) != len(lq):
+        raise ValueError(f"seqlens_k: expected one length per sequence of seqlens_q ({len(lq)}), got {len(lk)}")
+    longest_pair = int((lq + lk).max(initial=0))
+    if longest_pair > INT32_LIMIT:  # the kernel adds a sequence's query and key positions in 32 bits
+        raise ValueError(f"seqlens_q, seqlens_k: a sequence has {longest_pair} query and key tokens together; "
+                         f"the kernels take at most {INT32_LIMIT}")
+    return CheckedBatch(lq, lk)
+
+
 def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: int, tile_n: int, causal: bool,
                window: tuple[int, int]) -> TileSchedule:
+    """:func:`schedule_tiles` of the batch these lengths make."""
+    return schedule_tiles(check_batch(seqlens_q, seqlens_k), tile_m=tile_m, tile_n=tile_n, causal=causal,
+                          window=window)
+
+
+def schedule_tiles(batch: CheckedBatch, *, tile_m: int, tile_n: int, causal: bool,
+                   window: tuple[int, int]) -> TileSchedule:
     """Every query tile of every sequence with queries, a sequence's tiles one after another (costliest first,
     ties by tile), the sequences ordered by their costliest tile (ties by sequence).
 
@@ -115,14 +146,7 @@ def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: in
     grouping cut 0.52 to 0.42 ms at seed 000's L = 128, 0.70 to 0.51 ms at L = 256 in 64x64 tiles (bench/NOTES.md,
     twenty-fifth session). The order is still longest first where it decides the last wave: the sequences go
     costliest first, so the last tiles to start are the cheap ones of the shortest sequence."""
-    lq = check_seqlens("seqlens_q", seqlens_q)
-    lk = check_seqlens("seqlens_k", seqlens_k)
-    if len(lk) != len(lq):
-        raise ValueError(f"seqlens_k: expected one length per sequence of seqlens_q ({len(lq)}), got {len(lk)}")
-    longest_pair = int((lq + lk).max(initial=0))
-    if longest_pair > INT32_LIMIT:  # the kernel adds a sequence's query and key positions in 32 bits
-        raise ValueError(f"seqlens_q, seqlens_k: a sequence has {longest_pair} query and key tokens together; "
-                         f"the kernels take at most {INT32_LIMIT}")
+    lq, lk = batch.lq, batch.lk
     check_int("tile_m", tile_m, minimum=1)
     check_int("tile_n", tile_n, minimum=1)
     merged = validate_window(causal, window)
@@ -155,13 +179,18 @@ def plan_tiles(seqlens_q: Sequence[int], seqlens_k: Sequence[int], *, tile_m: in
     )
 
 
-def packable(seqlens_q: Sequence[int], seqlens_k: Sequence[int], window: tuple[int, int]) -> bool:
-    """Whether :func:`plan_packed_tiles` can cut this batch: self-attention (as many queries as keys in every
+def packable(batch: CheckedBatch, window: tuple[int, int]) -> bool:
+    """Whether :func:`schedule_packed_tiles` can cut this batch: self-attention (as many queries as keys in every
     sequence) with no window but the causal mask (``window`` with causal folded in)."""
-    return tuple(window) in ((-1, 0), (-1, -1)) and np.array_equal(np.asarray(seqlens_q), np.asarray(seqlens_k))
+    return tuple(window) in ((-1, 0), (-1, -1)) and np.array_equal(batch.lq, batch.lk)
 
 
 def plan_packed_tiles(seqlens: Sequence[int], *, tile_m: int, tile_n: int, causal: bool) -> TileSchedule:
+    """:func:`schedule_packed_tiles` of the self-attention batch these lengths make."""
+    return schedule_packed_tiles(check_batch(seqlens, seqlens), tile_m=tile_m, tile_n=tile_n, causal=causal)
+
+
+def schedule_packed_tiles(batch: CheckedBatch, *, tile_m: int, tile_n: int, causal: bool) -> TileSchedule:
     """Tiles of ``tile_m`` consecutive tokens over a self-attention batch, whatever its sequences (rows=packed).
 
     Item i covers tokens ``[t0, t1) = [i tile_m, min((i + 1) tile_m, total))``, of sequences ``first`` to ``last``,
@@ -173,7 +202,9 @@ def plan_packed_tiles(seqlens: Sequence[int], *, tile_m: int, tile_n: int, causa
 
     The items run in reverse token order: neighbours share key tiles (they run together, so those come from L2)
     and a long causal sequence's costliest tiles go first."""
-    lengths = check_seqlens("seqlens", seqlens)
+    if not np.array_equal(batch.lq, batch.lk):
+        raise ValueError("seqlens_k: packed tiles need self-attention, as many keys as queries in every sequence")
+    lengths = batch.lq
     check_int("tile_m", tile_m, minimum=1)
     check_int("tile_n", tile_n, minimum=1)
     if not isinstance(causal, bool):

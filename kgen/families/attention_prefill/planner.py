@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from kgen import registry
-from kgen.families.attention_prefill.plan import (TileSchedule, choose_schedule, packable, plan_packed_tiles, plan_tiles,
-                                                  validate_window)
+from kgen.families.attention_prefill.plan import (TileSchedule, check_batch, choose_schedule, packable,
+                                                  schedule_packed_tiles, schedule_tiles, validate_window)
 from kgen.families.attention_prefill.recipe import AttentionRecipe
 from kgen.registry import UnsupportedVariantError, Variant
 from kgen.runtime.checks import check_int, check_plan_device, seqlens_from_cu
@@ -145,7 +145,8 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     merged_window = validate_window(causal, window)
     if rows not in (None, "per_sequence", "packed"):
         raise ValueError(f"rows: expected 'per_sequence', 'packed' or None, got {rows!r}")
-    can_pack = packable(seqlens_q, seqlens_k, merged_window)
+    batch = check_batch(seqlens_q, seqlens_k)  # once, for every shape's schedule
+    can_pack = packable(batch, merged_window)
     if rows == "packed" and not can_pack:
         raise ValueError(f"rows: 'packed' needs self-attention (seqlens_q equal to seqlens_k) with no window but the "
                          f"causal mask; got window={merged_window}" + ("" if seqlens_q == seqlens_k else
@@ -159,16 +160,16 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
             if not can_pack or rows is not None:  # a spec may offer a head dim packed tiles alone
                 raise
             no_shape = exc
-    schedules = [plan_tiles(seqlens_q, seqlens_k, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"],
-                            causal=causal, window=window) for v in candidates]
+    schedules = [schedule_tiles(batch, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"], causal=causal,
+                                window=window) for v in candidates]
     if can_pack and rows != "per_sequence":
         packed = _packed_candidates(head_dim, dtype, tail, tile_m, sm, mma, tile_n, required=rows == "packed")
         if not (candidates or packed):
             raise no_shape
         candidates += packed
         # Causal is the merged window's: causal=False with window (-1, 0) is causal too, as the kernel sees it.
-        schedules += [plan_packed_tiles(seqlens_q, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"],
-                                        causal=merged_window[1] == 0) for v in packed]
+        schedules += [schedule_packed_tiles(batch, tile_m=v.param_dict["tile_m"], tile_n=v.param_dict["tile_n"],
+                                            causal=merged_window[1] == 0) for v in packed]
     chosen = choose_schedule(schedules, [v.score_cost for v in candidates])
     any_tiles, schedule = candidates[chosen], schedules[chosen]
     variant = any_tiles if schedule.has_incomplete_tile else full_tiles_twin(FAMILY, any_tiles)
