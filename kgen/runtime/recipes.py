@@ -8,6 +8,7 @@ per recipe and device (each plan module's ``plan_from_recipe``).
 
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 import torch
@@ -40,9 +41,7 @@ _DTYPE_NAMES = {getattr(torch, t.torch_name): t.name for t in ELEMENT_TYPES.valu
 
 
 def cumulative(lengths: Sequence[int]) -> list[int]:
-    """``[0, n0, n0 + n1, ...]`` as Python ints."""
-    out = [0]
-    for n in lengths:
-        out.append(out[-1] + int(n))
-    return out
+    """``[0, n0, n0 + n1, ...]`` as Python ints (accumulated in C: a Python loop was a tenth of a plan's host
+    time at 4,096 sequences)."""
+    return list(itertools.accumulate(map(int, lengths), initial=0))
 
