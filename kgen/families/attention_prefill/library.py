@@ -1,7 +1,7 @@
 """Prefill as a torch.library custom op (``torch.ops.kgen.attention_varlen``), for torch.compile.
 
-The plan crosses as its recipe (ints) and its tables (the work list and its cu_seqlens); the op makes the plan from them once
-per recipe and device. The fake gives the exact output shapes, dtypes and strides.
+The plan crosses as its recipe (ints) and its tables (the work list and the plan's cu_seqlens); the op makes the
+plan from them once per recipe and device. The fake gives the exact output shapes, dtypes and strides.
 """
 
 # No `from __future__ import annotations`: torch.library reads the ops' schemas from real annotations.

@@ -113,6 +113,11 @@ class CheckedBatch:
     lq: np.ndarray
     lk: np.ndarray
 
+    @property
+    def self_attention(self) -> bool:
+        """As many keys as queries in every sequence: what packed tiles need."""
+        return bool(np.array_equal(self.lq, self.lk))
+
 
 def check_batch(seqlens_q: Sequence[int], seqlens_k: Sequence[int]) -> CheckedBatch:
     """The lengths as arrays, each a non-negative int, as many keys as queries per sequence, each sequence's query
@@ -182,7 +187,7 @@ def schedule_tiles(batch: CheckedBatch, *, tile_m: int, tile_n: int, causal: boo
 def packable(batch: CheckedBatch, window: tuple[int, int]) -> bool:
     """Whether :func:`schedule_packed_tiles` can cut this batch: self-attention (as many queries as keys in every
     sequence) with no window but the causal mask (``window`` with causal folded in)."""
-    return tuple(window) in ((-1, 0), (-1, -1)) and np.array_equal(batch.lq, batch.lk)
+    return tuple(window) in ((-1, 0), (-1, -1)) and batch.self_attention
 
 
 def plan_packed_tiles(seqlens: Sequence[int], *, tile_m: int, tile_n: int, causal: bool) -> TileSchedule:
@@ -202,7 +207,7 @@ def schedule_packed_tiles(batch: CheckedBatch, *, tile_m: int, tile_n: int, caus
 
     The items run in reverse token order: neighbours share key tiles (they run together, so those come from L2)
     and a long causal sequence's costliest tiles go first."""
-    if not np.array_equal(batch.lq, batch.lk):
+    if not batch.self_attention:
         raise ValueError("seqlens_k: packed tiles need self-attention, as many keys as queries in every sequence")
     lengths = batch.lq
     check_int("tile_m", tile_m, minimum=1)

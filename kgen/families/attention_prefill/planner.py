@@ -149,7 +149,7 @@ def plan_attention_varlen(cu_seqlens_q, cu_seqlens_k, *, head_dim: int, dtype: t
     can_pack = packable(batch, merged_window)
     if rows == "packed" and not can_pack:
         raise ValueError(f"rows: 'packed' needs self-attention (seqlens_q equal to seqlens_k) with no window but the "
-                         f"causal mask; got window={merged_window}" + ("" if seqlens_q == seqlens_k else
+                         f"causal mask; got window={merged_window}" + ("" if batch.self_attention else
                                                                        " and other key lengths than query lengths"))
     sm = planning_sm(device)
     candidates, no_shape = [], None

@@ -33,7 +33,8 @@ class AttentionRecipe(tuple):
         left, right = window
         return cls((head_dim, recipes.dtype_code(dtype), int(causal), left, right,
                     recipes.axis_code("tail", tail), tile_m, tile_n, recipes.axis_code("mma", mma),
-                    recipes.axis_code("rows", rows), len(seqlens_q), *recipes.cumulative(seqlens_q), *recipes.cumulative(seqlens_k)))
+                    recipes.axis_code("rows", rows), len(seqlens_q), *recipes.cumulative(seqlens_q),
+                    *recipes.cumulative(seqlens_k)))
 
     @property
     def head_dim(self) -> int:
