@@ -19,26 +19,11 @@ pytestmark = [
 ]
 
 from kgen import registry  # noqa: E402
-from kgen.contract import contract_of  # noqa: E402
-from kgen.families.attention_prefill import op as prefill_op  # noqa: E402
 from kgen.ops import attention_varlen, plan_attention_varlen  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # P is rounded to 16 bits before P V, as in FlashAttention; the error is that rounding.
 OUT_TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
-
-
-#: Chained items in every test here: kernels that chain work items run three a block whatever the batch's size
-#: (the op chains only batches of several waves), so that chains meet every feature and isolation case.
-TEST_ITEMS_PER_BLOCK = 3
-
-
-@pytest.fixture(autouse=True, scope="module")
-def chain_items_in_every_batch():
-    saved = prefill_op.ITEMS_PER_BLOCK, prefill_op.MIN_WAVES
-    prefill_op.ITEMS_PER_BLOCK, prefill_op.MIN_WAVES = TEST_ITEMS_PER_BLOCK, 0
-    yield
-    prefill_op.ITEMS_PER_BLOCK, prefill_op.MIN_WAVES = saved
 
 
 def head_dims() -> list[int]:
@@ -57,13 +42,6 @@ def packed_shapes() -> list[tuple[int, int]]:
     """(head_dim, tile_n) of every packed variant the spec lists (rows=packed: tiles of consecutive tokens)."""
     return sorted({(v.param_dict["head_dim"], v.param_dict["tile_n"])
                    for v in registry.current().family("attention_prefill").variants if v.param_dict["rows"] == "packed"})
-
-
-def chaining_shapes() -> list[tuple[int, int, str]]:
-    """(head_dim, tile_n, rows) of every variant whose blocks run several work items (the host's contract says)."""
-    return sorted({(v.param_dict["head_dim"], v.param_dict["tile_n"], v.param_dict["rows"])
-                   for v in registry.current().family("attention_prefill").variants
-                   if contract_of(v).sizes["chains_items"]})
 
 
 def whole_tile_length(kernel) -> int:
@@ -421,39 +399,6 @@ def test_two_runs_are_bitwise_equal(kernel):
     first = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan, return_lse=True)
     second = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan, return_lse=True)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seqs=st.lists(st.tuples(lengths, lengths), min_size=1, max_size=10), data=st.data(),
-       shape=st.sampled_from(chaining_shapes()), causal=st.booleans(), window=windows, seed=st.integers(0, 2**31 - 1))
-def test_chained_items_are_bitwise_one_item_a_block(seqs, data, shape, causal, window, seed):
-    """A block that runs several work items (each item's loads issued under the one before) gives every element of
-    out and LSE bitwise as a block of one item does; keys-only, empty and windowed-out items included."""
-    head_dim, tile_n, rows = shape
-    if rows == "packed":  # self-attention, no window but the causal mask
-        seqs, window = [(n, n) for n, _ in seqs], (-1, -1)
-    seqlens_q, seqlens_k = [a for a, _ in seqs], [b for _, b in seqs]
-    cu_q, cu_k = ([0, *torch.tensor(n).cumsum(0).tolist()] for n in (seqlens_q, seqlens_k))
-    plan = plan_attention_varlen(cu_q, cu_k, head_dim=head_dim, causal=causal, window=window, mma="wgmma", tile_m=64,
-                                 tile_n=tile_n, rows=rows)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn((cu_q[-1], 4, head_dim), generator=gen, device="cuda").to(torch.bfloat16)
-    k, v = (torch.randn((cu_k[-1], 2, head_dim), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
-    cu_q_d, cu_k_d = (torch.tensor(c, dtype=torch.int32, device="cuda") for c in (cu_q, cu_k))
-    results = {}
-    for per_block in (1, 2, data.draw(st.integers(3, 9), label="items per block")):
-        prefill_op.ITEMS_PER_BLOCK = per_block
-        plan._prepared.clear()  # a prepared call keeps its grid
-        out = torch.full((cu_q[-1], 4, head_dim), float("nan"), dtype=torch.bfloat16, device="cuda")
-        lse = torch.full((4, cu_q[-1]), float("nan"), device="cuda")
-        attention_varlen(q, k, v, cu_q_d, cu_k_d, causal=causal, window=window, plan=plan, return_lse=True, out=out,
-                         lse_out=lse)
-        results[per_block] = out, lse
-    prefill_op.ITEMS_PER_BLOCK = TEST_ITEMS_PER_BLOCK
-    one_out, one_lse = results.pop(1)
-    assert not one_out.isnan().any() and not one_lse.isnan().any()
-    for per_block, (out, lse) in results.items():
-        assert torch.equal(out, one_out) and torch.equal(lse, one_lse), f"{per_block} items a block"
 
 
 # A plan used with cu_seqlens other than its own: (planned lengths, the call's cu_seqlens_q and cu_seqlens_k).

@@ -5,13 +5,10 @@ thread starts with is refused naming the axis."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from kgen import registry
 from kgen.compiler import CompileError, compile_cubin
 from kgen.contract import contract_of
-from kgen.families.attention_prefill.op import ITEMS_PER_BLOCK, MIN_WAVES, items_per_block
 from kgen.registry import Variant
 from kgen.render import render
 
@@ -42,24 +39,3 @@ def test_four_blocks_an_sm_are_refused_naming_the_axis():
     params = tuple((k, 4 if k == "min_blocks_per_sm" else v) for k, v in variant.params)
     with pytest.raises(CompileError, match="min_blocks_per_sm is too"):
         compile_cubin(render(Variant(variant.family, params, variant.spec_path)), "sm_90a", "four blocks")
-
-
-def test_single_warpgroup_tiles_as_wide_as_tall_chain_items():
-    # A chained item's output stages in the V buffer, which must hold a Q tile's rows.
-    for variant in registry.current().family("attention_prefill").variants:
-        p = variant.param_dict
-        expected = p["mma"] == "wgmma" and p["min_blocks_per_sm"] >= 3 and p["tile_n"] >= p["tile_m"]
-        assert contract_of(variant).sizes["chains_items"] == int(expected), variant.name
-
-
-@given(work_items=st.integers(1, 10**6), heads=st.integers(1, 128), resident=st.integers(1, 4 * 132))
-def test_items_per_block_is_the_most_that_keeps_the_waves(work_items, heads, resident):
-    assert items_per_block(work_items, heads, False, resident) == 1
-    per_block = items_per_block(work_items, heads, True, resident)
-    assert 1 <= per_block <= ITEMS_PER_BLOCK
-    def blocks(k):
-        return -(-work_items // k) * heads
-    if per_block > 1:
-        assert blocks(per_block) >= MIN_WAVES * resident
-    if per_block < ITEMS_PER_BLOCK:
-        assert blocks(per_block + 1) < MIN_WAVES * resident

@@ -20,7 +20,6 @@ struct MmaSyncKernel {
     static constexpr bool kHasIncompleteTile = Config::kHasIncompleteTile;
     static constexpr bool kCpAsyncTail = Config::kCpAsyncTail, kTmaTail = Config::kTmaTail;
     static constexpr int kThreads = kWarps * 32;
-    static constexpr bool kChainsItems = false;  // a block runs work item blockIdx.x (items_per_block is 1)
     // Each warp owns kRowBlocks blocks of 16 query rows; every K and V fragment read
     // from shared memory then feeds 2 * kRowBlocks mma, easing shared-memory bandwidth.
     static constexpr int kRowBlocks = kTileM / (16 * kWarps);
@@ -75,7 +74,7 @@ struct MmaSyncKernel {
         }
         __syncthreads();
 
-        const auto tile = TileWork<kTileM, kTileN, kHasIncompleteTile>::of_item(args.work, blockIdx.x, args.cu_seqlens_q, args.cu_seqlens_k,
+        const auto tile = TileWork<kTileM, kTileN, kHasIncompleteTile>::of_block(args.work, args.cu_seqlens_q, args.cu_seqlens_k,
                                                                                  args.heads_per_kv, args.window_left, args.window_right);
 
         // Which tiles TMA loads: full ones, or all of them unless incomplete ones take cp.async.

@@ -42,9 +42,6 @@ struct WgmmaKernel {
     static constexpr int kQBytes = QTile::kBytes, kKVTileBytes = KVTile::kBytes;
     static constexpr int kSpanBytes = QTile::kSpanBytes, kSpanCols = QTile::kSpanCols, kSpans = QTile::kSpans;
     static constexpr int kRowChunks = QTile::kRowChunks;
-    // A single warpgroup runs items_per_block work items in turn (run_items), where an output tile fits the V buffer
-    // it stages in (tile_n >= tile_m); otherwise a block runs one, and stages its output in the Q buffer.
-    static constexpr bool kChainsItems = kSingleWarpgroup && KVTile::kBytes >= QTile::kBytes;
     // Full and empty mbarriers for two K and two V buffers, and Q's: 8 bytes each (a single warpgroup uses
     // the full ones of its one K and one V buffer, and Q's).
     // After them, a packed item's marks of V's non-finite rows, a bit a row (PackedWork's guard).
@@ -175,37 +172,12 @@ struct WgmmaKernel {
         attention::load_tile_tma<KVTile>(buffer, map, first_key, kv_head, full, policy);
     }
 
-    // Work item `index` of the plan, for head blockIdx.y.
-    template <class Args>
-    __device__ static __forceinline__ auto work_item(const Args& args, int index) {
-        if constexpr (kPacked) {
-            return PackedWork<kTileM, kTileN>::of_item(args.work, index, args.heads_per_kv);
-        } else {
-            return TileWork<kTileM, kTileN, kHasIncompleteTile>::of_item(args.work, index, args.cu_seqlens_q, args.cu_seqlens_k,
-                                                                         args.heads_per_kv, args.window_left, args.window_right);
-        }
-    }
-
-    // The first key of an item's key tile i.
-    template <class Work>
-    __device__ static __forceinline__ int first_key(const Work& tile, int i) {
-        return tile.k_start + (tile.n_begin + i) * kTileN;
-    }
-
-    __device__ static __forceinline__ void clear_output(RowState& state) {
-#pragma unroll
-        for (int db = 0; db < kHeadDim / 8; ++db)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) state.o[0][db][e] = 0.f;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) state.max[i] = -inf();
-    }
-
     // Args: the kernel's arguments by name (kernel.cu.j2 renders them from the host's contract).
     template <class Args>
     __device__ static __forceinline__ void run(const Args& args) {
         extern __shared__ unsigned char smem_raw[];
         const Smem smem(smem_raw);
+        const unsigned s_q = smem.q, s_k = smem.k, s_v = smem.v;  // K and V: kKVBuffers stages each
         const Barriers bars{smem.barriers};
         unsigned* const row_bits = reinterpret_cast<unsigned*>(smem_raw + (smem.barriers + kRowBitsOffset - smem_addr(smem_raw)));
         if (threadIdx.x == 0) {
@@ -224,54 +196,151 @@ struct WgmmaKernel {
             }
         }
         __syncthreads();
-        if constexpr (kSingleWarpgroup) {
-            run_items(args, smem_raw, smem, bars, row_bits);
-        } else {
-            run_pipelined(args, smem_raw, smem, bars);
-        }
-    }
 
-    // A producer warpgroup and tile_m / 64 consumer warpgroups run work item blockIdx.x (items_per_block is 1).
-    template <class Args>
-    __device__ static __forceinline__ void run_pipelined(const Args& args, unsigned char* smem_raw, const Smem& smem,
-                                                         const Barriers& bars) {
-        const unsigned s_q = smem.q, s_k = smem.k, s_v = smem.v;  // K and V: two stages each
-        const auto tile = work_item(args, blockIdx.x);
+        auto tile = [&] {  // a packed item's rows are found after its loads are issued (find_rows)
+            if constexpr (kPacked) {
+                return PackedWork<kTileM, kTileN>::of_block(args.work, args.heads_per_kv);
+            } else {
+                return TileWork<kTileM, kTileN, kHasIncompleteTile>::of_block(args.work, args.cu_seqlens_q, args.cu_seqlens_k,
+                                                                             args.heads_per_kv, args.window_left, args.window_right);
+            }
+        }();
         const int num_tiles = max(tile.n_end - tile.n_begin, 0);
         const int warp = warp_index(), lane = threadIdx.x % 32;
+        auto first_key = [&](int i) { return tile.k_start + (tile.n_begin + i) * kTileN; };  // of the run's key tile i
 
-        if (warp < 4) {
-            // ---- Producer: one thread loads Q once and K/V tile by tile, as the consumers free stages. ----
-            release_registers<kProducerRegisters>();
-            if (threadIdx.x == 0 && num_tiles > 0) {
-                const unsigned long long read_once = l2_evict_first(), read_again = l2_evict_last();
-                mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
-                attention::load_tile_tma<QTile>(s_q, args.map_q, tile.q_start + tile.row0, tile.head, bars.q_full(), read_once);
-                for (int i = 0; i < num_tiles; ++i) {
-                    const int stage = stage_of(i);
-                    // A fresh barrier's previous phase counts as complete, so the first pass does not wait.
-                    mbarrier_wait(bars.k_empty(stage), parity_of(i) ^ 1);
-                    load_key_tile(s_k + stage * kKVTileBytes, args.map_k, first_key(tile, i), tile.kv_head, bars.k_full(stage), read_again);
-                    mbarrier_wait(bars.v_empty(stage), parity_of(i) ^ 1);
-                    load_key_tile(s_v + stage * kKVTileBytes, args.map_v, first_key(tile, i), tile.kv_head, bars.v_full(stage), read_again);
+        if constexpr (!kSingleWarpgroup) {
+            if (warp < 4) {
+                // ---- Producer: one thread loads Q once and K/V tile by tile, as the consumers free stages. ----
+                release_registers<kProducerRegisters>();
+                if (threadIdx.x == 0 && num_tiles > 0) {
+                    const unsigned long long read_once = l2_evict_first(), read_again = l2_evict_last();
+                    mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
+                    attention::load_tile_tma<QTile>(s_q, args.map_q, tile.q_start + tile.row0, tile.head, bars.q_full(), read_once);
+                    for (int i = 0; i < num_tiles; ++i) {
+                        const int stage = stage_of(i);
+                        // A fresh barrier's previous phase counts as complete, so the first pass does not wait.
+                        mbarrier_wait(bars.k_empty(stage), parity_of(i) ^ 1);
+                        load_key_tile(s_k + stage * kKVTileBytes, args.map_k, first_key(i), tile.kv_head, bars.k_full(stage), read_again);
+                        mbarrier_wait(bars.v_empty(stage), parity_of(i) ^ 1);
+                        load_key_tile(s_v + stage * kKVTileBytes, args.map_v, first_key(i), tile.kv_head, bars.v_full(stage), read_again);
+                    }
                 }
+                return;
             }
-            return;
         }
 
         // ---- Consumers ----
-        claim_registers<kConsumerRegisters>();
-        const int consumer_thread = threadIdx.x - kWarpgroupThreads;
+        if constexpr (!kSingleWarpgroup) claim_registers<kConsumerRegisters>();
+        const int consumer_thread = threadIdx.x - (kSingleWarpgroup ? 0 : kWarpgroupThreads);
         const int group = consumer_thread / kWarpgroupThreads;
+        const int quad_row = lane / 4, quad_col = lane % 4;
         // This thread's rows: thread_row0 and 8 below it (wgmma's accumulator layout).
-        const int thread_row0 = tile.row0 + 64 * group + 16 * ((consumer_thread / 32) % 4) + lane / 4;
+        const int thread_row0 = tile.row0 + 64 * group + 16 * ((consumer_thread / 32) % 4) + quad_row;
+        auto row_of = [&](int i) { return thread_row0 + 8 * i; };
         const unsigned q_rows = s_q + 64 * group * kSpanBytes;  // the group's rows of the first panel
 
         RowState state;
-        clear_output(state);
-        for (int i = 0; i < 2; ++i) state.sum[i] = tile.initial_sum(i);
-        auto mask_if_crossing = [&](Scores& s, int key0) { tile.mask_tile(s, key0, thread_row0, lane % 4); };
-        if (num_tiles > 0) {
+#pragma unroll
+        for (int db = 0; db < kHeadDim / 8; ++db)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) state.o[0][db][e] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            state.max[i] = -inf();
+            if constexpr (!kPacked) state.sum[i] = tile.initial_sum(i);
+        }
+
+        auto mask_if_crossing = [&](Scores& s, int key0) { tile.mask_tile(s, key0, thread_row0, quad_col); };
+        // Only a sequence's last key tile can be incomplete, and it is the run's last: the rows of its V buffer past
+        // the sequence (TMA loaded the whole box) are cleared before P V reads them.
+        auto clear_values_past_end = [&](unsigned v_buffer, int key0) {
+            if constexpr (kTmaTail) {
+                if (key0 + kTileN > tile.lk) {
+                    unsigned char* const v_tile = smem_raw + (v_buffer - smem_addr(smem_raw));
+                    attention::clear_rows_outside<KVTile, kConsumerThreads>(v_tile, 0, tile.lk - key0, consumer_thread);
+                    fence_proxy_async_shared();  // wgmma reads through the async proxy
+                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+                }
+            }
+        };
+
+        // A packed item's V tile before P V (single warpgroup: the block's threads are the consumers): the first key
+        // tile's rows before the item's keys are cleared; where the rows are of several sequences, V's rows holding
+        // an Inf or NaN are zeroed, and their sequences' rows set NaN (PackedWork). The usual case costs one scan.
+        auto guard_packed_values = [&](int i) {
+            if constexpr (kPacked) {
+                unsigned char* const v_tile = smem_raw + (s_v - smem_addr(smem_raw));
+                const int first_row = i == 0 ? tile.first_item_key : 0;
+                bool wrote = first_row > 0;
+                if (wrote) attention::clear_rows_outside<KVTile, kConsumerThreads>(v_tile, first_row, kTileN, consumer_thread);
+                if (tile.mixed &&
+                    __syncthreads_or(attention::holds_nonfinite<T, KVTile, kConsumerThreads>(v_tile, first_row, consumer_thread))) {
+                    attention::mark_nonfinite_rows<T, KVTile, kConsumerThreads>(v_tile, first_row, row_bits, consumer_thread);
+                    __syncthreads();
+                    tile.poison_owners(state, row_bits, (tile.n_begin + i) * kTileN);
+                    attention::clear_marked_rows<KVTile, kConsumerThreads>(v_tile, row_bits, consumer_thread);
+                    __syncthreads();  // every thread has read the marks
+                    if (consumer_thread == 0) {
+                        for (int w = 0; w < kRowBitWords; ++w) row_bits[w] = 0u;  // before the next tile's marks, a barrier on
+                    }
+                    wrote = true;
+                }
+                if (wrote) {
+                    fence_proxy_async_shared();  // wgmma reads through the async proxy
+                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+                }
+            }
+        };
+
+        if constexpr (kSingleWarpgroup) {
+            if (num_tiles > 0) {
+                Scores s;
+                Probabilities p;
+                RowFactors correction;
+                // L2 policies as the producer's: Q is read once, K and V again by the sequence's other tiles and heads.
+                const unsigned long long read_once = l2_evict_first(), read_again = l2_evict_last();
+                if (consumer_thread == 0) {
+                    mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
+                    attention::load_tile_tma<QTile>(s_q, args.map_q, tile.q_start + tile.row0, tile.head, bars.q_full(), read_once);
+                    load_key_tile(s_k, args.map_k, first_key(0), tile.kv_head, bars.k_full(0), read_again);
+                    load_key_tile(s_v, args.map_v, first_key(0), tile.kv_head, bars.v_full(0), read_again);
+                }
+                if constexpr (kPacked) {
+                    tile.find_rows(args.plan_cu_seqlens, args.cu_seqlens_q, args.cu_seqlens_k, args.window_right >= 0, thread_row0);
+                    for (int i = 0; i < 2; ++i) state.sum[i] = tile.initial_sum(i);
+                }
+                mbarrier_wait(bars.q_full(), 0);
+                for (int i = 0; i < num_tiles; ++i) {
+                    // Tile i is the i-th fill of the one K and one V buffer: phase i of their full barriers.
+                    const unsigned parity = i & 1;
+                    const int key0 = (tile.n_begin + i) * kTileN;
+                    mbarrier_wait(bars.k_full(0), parity);
+                    issue_scores(s, q_rows, s_k);
+                    wgmma_wait<0>();
+                    fence_operands(s[0]);
+                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);  // every warp's S has read K
+                    if (consumer_thread == 0 && i + 1 < num_tiles) {
+                        load_key_tile(s_k, args.map_k, first_key(i + 1), tile.kv_head, bars.k_full(0), read_again);
+                    }
+                    mask_if_crossing(s, key0);
+                    attention::softmax_update(s, state, args.scale_log2, correction);
+                    if (i > 0) attention::rescale_output(state, correction);  // O holds tiles 0..i-1, all added
+                    attention::pack_probabilities<T>(s, p);
+                    mbarrier_wait(bars.v_full(0), parity);
+                    if constexpr (kPacked) guard_packed_values(i); else clear_values_past_end(s_v, key0);
+                    issue_pv(state, p, s_v);
+                    wgmma_wait<0>();
+                    fence_operands(state.o[0]);
+                    if (i + 1 < num_tiles) {  // the epilogue does not touch V
+                        named_barrier_sync(kConsumerBarrier, kConsumerThreads);  // every warp's P V has read V
+                        if (consumer_thread == 0) {
+                            load_key_tile(s_v, args.map_v, first_key(i + 1), tile.kv_head, bars.v_full(0), read_again);
+                        }
+                    }
+                }
+            }
+        } else if (num_tiles > 0) {
             Scores s;
             Probabilities p;
             RowFactors correction;
@@ -309,206 +378,50 @@ struct WgmmaKernel {
                 attention::pack_probabilities<T>(s, p);
             }
             const int last = num_tiles - 1, last_key0 = (tile.n_begin + last) * kTileN;
-            const unsigned last_v = s_v + stage_of(last) * kKVTileBytes;
             mbarrier_wait(bars.v_full(stage_of(last)), parity_of(last));
-            clear_values_past_end(smem_raw, last_v, tile.lk - last_key0, consumer_thread);
+            clear_values_past_end(s_v + stage_of(last) * kKVTileBytes, last_key0);
             take_turn(group);
-            issue_pv(state, p, last_v);
+            issue_pv(state, p, s_v + stage_of(last) * kKVTileBytes);
             pass_turn(group);
             if (group == 0) take_turn(group);
             wgmma_wait<0>();
             fence_operands(state.o[0]);
         }
-        // Into the Q buffer, whose last reader (this group's last S) is done: each warp writes only its own rows.
-        store_output(args, tile, state, s_q, smem_raw, consumer_thread, thread_row0);
-    }
 
-    // A single warpgroup (three blocks an SM): items_per_block consecutive work items from blockIdx.x's first, each
-    // item's key tiles one after another (S, softmax, P V; the SM's other blocks overlap them), through one buffer
-    // each of Q, K and V. An item's Q and first K tile load as soon as the item before has read its own (its last S),
-    // and its first V tile once the item before has stored its output, which goes out through the V buffer; so only
-    // a block's first item waits for its loads from the start.
-    template <class Args>
-    __device__ static __forceinline__ void run_items(const Args& args, unsigned char* smem_raw, const Smem& smem,
-                                                     const Barriers& bars, unsigned* row_bits) {
-        const unsigned s_q = smem.q, s_k = smem.k, s_v = smem.v;
-        const int thread = threadIdx.x, lane = thread % 32;
-        const int first = blockIdx.x * static_cast<int>(args.items_per_block);  // the host keeps work items in 31 bits
-        const int items = min(static_cast<int>(args.items_per_block), static_cast<int>(args.work_items) - first);
-        // L2 policies as the producer's: Q is read once, K and V again by the sequence's other tiles and heads.
-        const unsigned long long read_once = l2_evict_first(), read_again = l2_evict_last();
-        auto load_q = [&](int first_row) {  // of the batch's tokens
-            mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
-            attention::load_tile_tma<QTile>(s_q, args.map_q, first_row, blockIdx.y, bars.q_full(), read_once);
-        };
-        auto load_k = [&](int key, int kv_head) { load_key_tile(s_k, args.map_k, key, kv_head, bars.k_full(0), read_again); };
-        auto load_v = [&](int key, int kv_head) { load_key_tile(s_v, args.map_v, key, kv_head, bars.v_full(0), read_again); };
-
-        int filled = 0;       // the K and V tiles of the block's earlier items: their full barriers' phases so far
-        int q_filled = 0;     // the Q tiles of the block's earlier items
-        bool loaded = false;  // this item's Q and first K and V tiles were loaded by the item before
-        for (int it = 0; it < items; ++it) {
-            const int index = first + it;
-            auto tile = work_item(args, index);
-            const int num_tiles = max(tile.n_end - tile.n_begin, 0);
-            if (thread == 0 && num_tiles > 0 && !loaded) {
-                load_q(tile.q_start + tile.row0);
-                load_k(first_key(tile, 0), tile.kv_head);
-                load_v(first_key(tile, 0), tile.kv_head);
-            }
-            // An item without key tiles stages its output at once: the item before's store has read the V buffer.
-            if (num_tiles == 0 && it > 0) named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-            // This thread's rows: thread_row0 and 8 below it (wgmma's accumulator layout).
-            const int thread_row0 = tile.row0 + 16 * (thread / 32) + lane / 4;
-            bool loads_next = false;  // this item loads the next one's Q and first K and V tiles
-
-            RowState state;
-            clear_output(state);
-            for (int i = 0; i < 2; ++i) state.sum[i] = kPacked ? 0.f : tile.initial_sum(i);  // packed: its rows' below
-            if (num_tiles > 0) {
-                Scores s;
-                Probabilities p;
-                RowFactors correction;
-                if constexpr (kPacked) {  // the rows' search after the loads' issue: its loads would hold them back
-                    tile.find_rows(args.plan_cu_seqlens, args.cu_seqlens_q, args.cu_seqlens_k, args.window_right >= 0, thread_row0);
-                    for (int i = 0; i < 2; ++i) state.sum[i] = tile.initial_sum(i);
-                }
-                mbarrier_wait(bars.q_full(), q_filled & 1);
-                for (int i = 0; i < num_tiles; ++i) {
-                    // Tile i is fill filled + i of the one K and one V buffer: that phase of their full barriers.
-                    const unsigned parity = (filled + i) & 1;
-                    const int key0 = (tile.n_begin + i) * kTileN;
-                    mbarrier_wait(bars.k_full(0), parity);
-                    issue_scores(s, s_q, s_k);
-                    wgmma_wait<0>();
-                    fence_operands(s[0]);
-                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);  // every warp's S has read Q and K
-                    if (i + 1 < num_tiles) {
-                        if (thread == 0) load_k(first_key(tile, i + 1), tile.kv_head);
-                    } else if (it + 1 < items) {
-                        const auto next = work_item(args, index + 1);
-                        loads_next = next.n_end > next.n_begin;
-                        if (thread == 0 && loads_next) {
-                            load_q(next.q_start + next.row0);
-                            load_k(first_key(next, 0), next.kv_head);
-                        }
-                    }
-                    tile.mask_tile(s, key0, thread_row0, lane % 4);
-                    attention::softmax_update(s, state, args.scale_log2, correction);
-                    if (i > 0) attention::rescale_output(state, correction);  // O holds tiles 0..i-1, all added
-                    attention::pack_probabilities<T>(s, p);
-                    mbarrier_wait(bars.v_full(0), parity);
-                    if constexpr (kPacked) {
-                        guard_packed_values(smem_raw, s_v, tile, state, row_bits, i, thread);
-                    } else {
-                        clear_values_past_end(smem_raw, s_v, tile.lk - key0, thread);
-                    }
-                    issue_pv(state, p, s_v);
-                    wgmma_wait<0>();
-                    fence_operands(state.o[0]);
-                    // Every warp's P V has read V: the next tile may load into it, or the output stage there.
-                    named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-                    if (thread == 0 && i + 1 < num_tiles) load_v(first_key(tile, i + 1), tile.kv_head);
-                }
-                filled += num_tiles;
-                ++q_filled;
-            }
-            const bool copied_by_warps = store_output(args, tile, state, kChainsItems ? s_v : s_q, smem_raw, thread, thread_row0);
-            loaded = loads_next;
-            if (loaded) {
-                // The next item's first V tile, once this item's output has left the V buffer: a TMA store's reads
-                // thread 0 waited for, the warps' copies need the barrier (and the proxy fence, the TMA load
-                // writing where generic loads read).
-                if (copied_by_warps) named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-                if (thread == 0) {
-                    if (copied_by_warps) fence_proxy_async_shared();
-                    const auto next = work_item(args, index + 1);  // read again: kept, it cost a 64x80 tile spills
-                    load_v(first_key(next, 0), next.kv_head);
-                }
-            }
-        }
-    }
-
-    // Only a sequence's last key tile can be incomplete, and it is the run's last: the rows of its V buffer past the
-    // sequence (TMA loaded the whole box, `keys_inside` of them the sequence's) are cleared before P V reads them.
-    __device__ static __forceinline__ void clear_values_past_end(unsigned char* smem_raw, unsigned v_buffer, int keys_inside,
-                                                                 int consumer_thread) {
-        if constexpr (kTmaTail) {
-            if (keys_inside < kTileN) {
-                unsigned char* const v_tile = smem_raw + (v_buffer - smem_addr(smem_raw));
-                attention::clear_rows_outside<KVTile, kConsumerThreads>(v_tile, 0, keys_inside, consumer_thread);
-                fence_proxy_async_shared();  // wgmma reads through the async proxy
-                named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-            }
-        }
-    }
-
-    // A packed item's V tile i before P V (single warpgroup: the block's threads are the consumers): the first key
-    // tile's rows before the item's keys are cleared; where the rows are of several sequences, V's rows holding an
-    // Inf or NaN are zeroed, and their sequences' rows set NaN (PackedWork). The usual case costs one scan.
-    template <class Work>
-    __device__ static __forceinline__ void guard_packed_values(unsigned char* smem_raw, unsigned v_buffer, const Work& tile,
-                                                               RowState& state, unsigned* row_bits, int i, int thread) {
-        unsigned char* const v_tile = smem_raw + (v_buffer - smem_addr(smem_raw));
-        const int first_row = i == 0 ? tile.first_item_key : 0;
-        bool wrote = first_row > 0;
-        if (wrote) attention::clear_rows_outside<KVTile, kConsumerThreads>(v_tile, first_row, kTileN, thread);
-        if (tile.mixed && __syncthreads_or(attention::holds_nonfinite<T, KVTile, kConsumerThreads>(v_tile, first_row, thread))) {
-            attention::mark_nonfinite_rows<T, KVTile, kConsumerThreads>(v_tile, first_row, row_bits, thread);
-            __syncthreads();
-            tile.poison_owners(state, row_bits, (tile.n_begin + i) * kTileN);
-            attention::clear_marked_rows<KVTile, kConsumerThreads>(v_tile, row_bits, thread);
-            __syncthreads();  // every thread has read the marks
-            if (thread == 0) {
-                for (int w = 0; w < kRowBitWords; ++w) row_bits[w] = 0u;  // before the next tile's marks, a barrier on
-            }
-            wrote = true;
-        }
-        if (wrote) {
-            fence_proxy_async_shared();  // wgmma reads through the async proxy
-            named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-        }
-    }
-
-    // Folds in the sink, normalises, and stores the item's O and LSE. O goes through shared memory at o_stage, in a
-    // Q tile's layout, each warp writing only its own 16 rows (those past the sequence too: they are never copied
-    // out). A full tile, or a packed one (its rows are the batch's up to the tensor's end, where TMA stops), then goes
-    // out by one TMA store per column block, which thread 0 issues once every consumer has written its rows and
-    // waits to have read o_stage. An incomplete tile is copied out by each warp, the rows it wrote that are inside
-    // the sequence; then it returns true: those reads of o_stage are ordered by no barrier.
-    template <class Args, class Work>
-    __device__ static __forceinline__ bool store_output(const Args& args, const Work& tile, const RowState& state, unsigned o_stage,
-                                                        unsigned char* smem_raw, int consumer_thread, int thread_row0) {
-        const int lane = threadIdx.x % 32, group = consumer_thread / kWarpgroupThreads;
-        const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
         const float sink_log2 = args.sink != nullptr ? args.sink[tile.head] * kLog2e : -inf();
         float* const lse_head = args.lse + tile.head * args.lse_stride_h + tile.q_start;
+        // O goes through shared memory: into the Q buffer, whose last reader (this group's last S) is
+        // done, each warp writing only its own 16 rows (those past the sequence too: they are never copied out).
         // One stmatrix stores two column blocks of both of a thread's rows: matrices (rows, column block) (r, db),
         // (r + 8, db), (r, db + 1), (r + 8, db + 1), lane 8 m + j addressing row j of matrix m.
-        unsigned char* const o_tile = smem_raw + (o_stage - smem_addr(smem_raw));
+        unsigned char* const o_tile = smem_raw + (s_q - smem_addr(smem_raw));
+        const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);
         unsigned pairs[2][kHeadDim / 8];  // [row i][column block]: the thread's packed elements, for stmatrix
-        write_output<T, kHasIncompleteTile>(state, lse_head, tile.lq, sink_log2, lane % 4,
-                                            [&](int i) { return thread_row0 + 8 * i; },
+        write_output<T, kHasIncompleteTile>(state, lse_head, tile.lq, sink_log2, quad_col, row_of,
                                             [&](int i, int, int db, unsigned pair) { pairs[i][db] = pair; });
         const int matrix = lane / 8, matrix_row = warp_row0 + lane % 8 + 8 * (matrix % 2);
 #pragma unroll
         for (int db = 0; db < kHeadDim / 8; db += 2) {
             const unsigned four[4] = {pairs[0][db], pairs[1][db], pairs[0][db + 1], pairs[1][db + 1]};
-            stmatrix_x4(o_stage + attention::chunk_offset<QTile>(matrix_row, db + matrix / 2), four);
+            stmatrix_x4(s_q + attention::chunk_offset<QTile>(matrix_row, db + matrix / 2), four);
         }
         if (kPacked || !kHasIncompleteTile || tile.row0 + kTileM <= tile.lq) {
+            // A full tile, or a packed one (its rows are the batch's up to the tensor's end, where TMA stops): out by
+            // one TMA store per column block, once every consumer has written its rows.
             fence_proxy_async_shared();  // the TMA store reads through the async proxy
             named_barrier_sync(kConsumerBarrier, kConsumerThreads);
             if (consumer_thread == 0) {
 #pragma unroll
                 for (int b = 0; b < kSpans; ++b) {
-                    tma_store_3d(&args.map_o, o_stage + b * kTileM * kSpanBytes, b * kSpanCols, tile.head, tile.q_start + tile.row0);
+                    tma_store_3d(&args.map_o, s_q + b * kTileM * kSpanBytes, b * kSpanCols, tile.head, tile.q_start + tile.row0);
                 }
                 tma_store_commit();
-                tma_store_wait_read();  // shared memory must outlive the store's reads, and o_stage may refill next
+                tma_store_wait_read();  // the block's shared memory must outlive the store's reads
             }
-            return false;
+            return;
         }
+        // An incomplete tile: each warp copies out the rows it wrote (16 from warp_row0), those inside the
+        // sequence only, 16 bytes a lane at a time.
         __syncwarp();
         const int rows = min(16, tile.lq - tile.row0 - warp_row0);
         T* const out_rows = args.out + static_cast<long long>(tile.q_start + tile.row0 + warp_row0) * args.o_stride_t +
@@ -518,7 +431,6 @@ struct WgmmaKernel {
             *reinterpret_cast<uint4*>(out_rows + row * args.o_stride_t + chunk * 8) =
                 *reinterpret_cast<const uint4*>(o_tile + attention::chunk_offset<QTile>(warp_row0 + row, chunk));
         }
-        return true;
     }
 };
 

@@ -46,7 +46,7 @@ __device__ __forceinline__ void mask_columns(float (&s)[kRowBlocks][kBlocksN][4]
 // A work item's fields (the host's ATTENTION_WORK_FIELDS).
 enum WorkField { kSequence, kQueryTile, kQueryStart, kQueryEnd, kKeyStart, kKeyEnd, kWorkFields };
 
-// A work item: query tile work[index] (of kTileM rows) of its sequence for head
+// A CTA's work item: query tile work[blockIdx.x] (of kTileM rows) of its sequence for head
 // blockIdx.y, and the key tiles (of kTileN keys) [n_begin, n_end) holding a key some row of the
 // tile may attend. Without kHasIncompleteTile every sequence is whole tiles long.
 //
@@ -80,15 +80,15 @@ struct TileWork {
         mask_columns(s, [&](int rb, int half) { return mask.keys_of(thread_row0 + rb * 16 + half * 8, key0 + 2 * quad_col); });
     }
 
-    __device__ static __forceinline__ TileWork of_item(const int* work, int index, const int* cu_seqlens_q, const int* cu_seqlens_k,
-                                                       long long heads_per_kv, long long window_left, long long window_right) {
+    __device__ static __forceinline__ TileWork of_block(const int* work, const int* cu_seqlens_q, const int* cu_seqlens_k,
+                                                        long long heads_per_kv, long long window_left, long long window_right) {
         TileWork t;
         // The item as three 8-byte pairs (sequence and tile, query bounds, key bounds): rows of 24 bytes.
         static_assert(kWorkFields == 6 && kQueryTile == kSequence + 1 && kQueryStart % 2 == 0 && kKeyStart % 2 == 0 &&
                       kQueryEnd == kQueryStart + 1 && kKeyEnd == kKeyStart + 1, "work items are three int pairs");
-        const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * index);
-        const int2 tile_index = item[kSequence / 2], q_bounds = item[kQueryStart / 2], k_bounds = item[kKeyStart / 2];
-        const int seq = tile_index.x, q_tile = tile_index.y;
+        const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * blockIdx.x);
+        const int2 index = item[kSequence / 2], q_bounds = item[kQueryStart / 2], k_bounds = item[kKeyStart / 2];
+        const int seq = index.x, q_tile = index.y;
         t.head = blockIdx.y;
         t.kv_head = t.head / static_cast<int>(heads_per_kv);
         t.q_start = q_bounds.x;
@@ -163,10 +163,10 @@ struct PackedWork {
         }
     }
 
-    // Item work[index]'s fields (for head blockIdx.y); its rows' are find_rows'.
-    __device__ static __forceinline__ PackedWork of_item(const int* work, int index, long long heads_per_kv) {
+    // The item's fields; its rows' are find_rows'.
+    __device__ static __forceinline__ PackedWork of_block(const int* work, long long heads_per_kv) {
         PackedWork t;
-        const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * index);
+        const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * blockIdx.x);
         const int2 sequences = item[0], tokens = item[1], key_bounds = item[2];
         t.head = blockIdx.y;
         t.kv_head = t.head / static_cast<int>(heads_per_kv);

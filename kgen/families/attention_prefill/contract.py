@@ -26,8 +26,7 @@ _ATTENTION_PARAMETERS = {mma: parameters(maps + (
     "const int* cu_seqlens_q, const int* cu_seqlens_k, const int* work, const int* plan_cu_seqlens, const float* sink, "
     "long long heads_per_kv, long long q_stride_t, long long q_stride_h, long long k_stride_t, long long k_stride_h, "
     "long long v_stride_t, long long v_stride_h, long long o_stride_t, long long o_stride_h, long long lse_stride_h, "
-    "float scale_log2, long long window_left, long long window_right, long long work_items, long long items_per_block"))
-    for mma, maps in _ATTENTION_MAPS.items()}
+    "float scale_log2, long long window_left, long long window_right")) for mma, maps in _ATTENTION_MAPS.items()}
 
 
 def _attention_prefill(params: Mapping[str, Any]) -> LaunchContract:
@@ -48,10 +47,7 @@ def _attention_prefill(params: Mapping[str, Any]) -> LaunchContract:
         dynamic_smem_bytes=SWIZZLE_ALIGNMENT + tile_bytes + ATTENTION_BARRIER_BYTES[mma],
         # The box's span is also its swizzle width.
         sizes={"q_box_rows": params["tile_m"], "kv_box_rows": params["tile_n"], "box_span_bytes": span_bytes,
-               "work_fields": len(ATTENTION_WORK_FIELDS),
-               # A block may run several consecutive work items (items_per_block; its output tile stages in the V
-               # buffer, so tile_n >= tile_m); otherwise it must be 1.
-               "chains_items": int(single_warpgroup and params["tile_n"] >= params["tile_m"])},
+               "work_fields": len(ATTENTION_WORK_FIELDS)},
         parameters={"attention_prefill": _ATTENTION_PARAMETERS[mma]},
     )
 

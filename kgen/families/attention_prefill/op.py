@@ -16,7 +16,7 @@ from kgen.families.attention_prefill.planner import FAMILY, AttentionPlan, plan_
 from kgen.launch import current_device
 from kgen.runtime import tma
 from kgen.runtime.checks import check_bool, check_rows, check_sink, check_tensor, softmax_scale_log2
-from kgen.runtime.device import GRID_YZ_LIMIT, sm_count
+from kgen.runtime.device import GRID_YZ_LIMIT
 from kgen.runtime.dispatch import cached_launcher, contract, spec_dtypes
 
 
@@ -166,8 +166,6 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
     if not (num_work and heads_q):
         return _PreparedCall(q.device.index, None, None, None, (), tables, out_shape, lse_shape)
     kernel = contract(plan.variant)
-    per_block = items_per_block(num_work, heads_q, bool(kernel.sizes["chains_items"]),
-                                sm_count(q.device) * plan.variant.param_dict["min_blocks_per_sm"])
     parameters = kernel.parameters[FAMILY]
     # The kernel's descriptors, map_q, map_k, ... by its parameters: q, k, v, and o where it stores O by TMA;
     # each with its tensor's place in (q, k, v, out).
@@ -183,25 +181,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
         q_stride_t=q.stride(0), q_stride_h=q.stride(1), k_stride_t=k.stride(0), k_stride_h=k.stride(1),
         v_stride_t=v.stride(0), v_stride_h=v.stride(1),
         o_stride_t=heads_q * head_dim, o_stride_h=head_dim, lse_stride_h=total_q, scale_log2=scale_log2,
-        window_left=window_left, window_right=window_right, work_items=num_work, items_per_block=per_block)
-    return _PreparedCall(q.device.index, launch, (-(-num_work // per_block), heads_q), maps, map_args, tables, out_shape,
-                         lse_shape)
-
-
-#: The most consecutive work items a block of a kernel that chains them runs (the single warpgroup's, whose next
-#: item's loads then overlap this one's end: bench/NOTES.md, twenty-seventh session).
-ITEMS_PER_BLOCK = 2
-#: ... as long as the blocks still fill this many waves of the SMs' resident blocks.
-MIN_WAVES = 2
-
-
-def items_per_block(work_items: int, heads: int, chains: bool, resident_blocks: int) -> int:
-    """Consecutive work items a block runs: 1 unless the kernel chains them, else up to ITEMS_PER_BLOCK while
-    ``work_items`` items of ``heads`` heads still fill MIN_WAVES waves of ``resident_blocks``."""
-    per_block = ITEMS_PER_BLOCK if chains else 1
-    while per_block > 1 and -(-work_items // per_block) * heads < MIN_WAVES * resident_blocks:
-        per_block -= 1
-    return per_block
+        window_left=window_left, window_right=window_right)
+    return _PreparedCall(q.device.index, launch, (num_work, heads_q), maps, map_args, tables, out_shape, lse_shape)
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, num_seqs: int | None) -> None:
