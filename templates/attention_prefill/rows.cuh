@@ -46,6 +46,18 @@ __device__ __forceinline__ void mask_columns(float (&s)[kRowBlocks][kBlocksN][4]
 // A work item's fields (the host's ATTENTION_WORK_FIELDS).
 enum WorkField { kSequence, kQueryTile, kQueryStart, kQueryEnd, kKeyStart, kKeyEnd, kWorkFields };
 
+// The block's work item and query head. The grid is (work items, heads), but its blocks take them heads fastest, in
+// launch order: the blocks resident at once read every head of their tokens (whole rows of q, k and v) and the
+// query heads that share a K/V head run together.
+struct BlockWork {
+    int item, head;
+};
+
+__device__ __forceinline__ BlockWork block_work() {
+    const unsigned linear = blockIdx.x + gridDim.x * blockIdx.y;
+    return {static_cast<int>(linear / gridDim.y), static_cast<int>(linear % gridDim.y)};
+}
+
 // A CTA's work item: query tile work[blockIdx.x] (of kTileM rows) of its sequence for head
 // blockIdx.y, and the key tiles (of kTileN keys) [n_begin, n_end) holding a key some row of the
 // tile may attend. Without kHasIncompleteTile every sequence is whole tiles long.
@@ -86,10 +98,11 @@ struct TileWork {
         // The item as three 8-byte pairs (sequence and tile, query bounds, key bounds): rows of 24 bytes.
         static_assert(kWorkFields == 6 && kQueryTile == kSequence + 1 && kQueryStart % 2 == 0 && kKeyStart % 2 == 0 &&
                       kQueryEnd == kQueryStart + 1 && kKeyEnd == kKeyStart + 1, "work items are three int pairs");
-        const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * blockIdx.x);
+        const BlockWork block = block_work();
+        const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * block.item);
         const int2 index = item[kSequence / 2], q_bounds = item[kQueryStart / 2], k_bounds = item[kKeyStart / 2];
         const int seq = index.x, q_tile = index.y;
-        t.head = blockIdx.y;
+        t.head = block.head;
         t.kv_head = t.head / static_cast<int>(heads_per_kv);
         t.q_start = q_bounds.x;
         t.lq = q_bounds.y - q_bounds.x;
@@ -166,9 +179,10 @@ struct PackedWork {
     // The item's fields; its rows' are find_rows'.
     __device__ static __forceinline__ PackedWork of_block(const int* work, long long heads_per_kv) {
         PackedWork t;
-        const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * blockIdx.x);
+        const BlockWork block = block_work();
+        const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * block.item);
         const int2 sequences = item[0], tokens = item[1], key_bounds = item[2];
-        t.head = blockIdx.y;
+        t.head = block.head;
         t.kv_head = t.head / static_cast<int>(heads_per_kv);
         t.q_start = tokens.x;
         t.lq = tokens.y - tokens.x;
