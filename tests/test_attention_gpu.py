@@ -19,6 +19,7 @@ pytestmark = [
 ]
 
 from kgen import registry  # noqa: E402
+from kgen.families.attention_prefill import op as prefill_op  # noqa: E402
 from kgen.ops import attention_varlen, plan_attention_varlen  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -399,6 +400,34 @@ def test_two_runs_are_bitwise_equal(kernel):
     first = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan, return_lse=True)
     second = attention_varlen(q, k, v, cu.cuda(), cu.cuda(), causal=True, plan=plan, return_lse=True)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+@pytest.mark.parametrize("kernel", [k for k in kernels() if k[2] is not None] + [(None, d, None, "packed") for d, _ in packed_shapes()],
+                         ids=kernel_id)
+def test_heads_fastest_and_slowest_block_orders_agree_bitwise(kernel, monkeypatch):
+    """The op picks the order its blocks take (work item, head) in; either must compute every row of every head once,
+    the same way (5 query heads over 1 K/V head, so that no grid size is a multiple of another)."""
+    mma, head_dim, tile_m, tail = kernel
+    lengths = [300, 1, 129, 0, 700, 64]
+    cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+    q = torch.randn((cu[-1], 5, head_dim), generator=gen, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn((cu[-1], 1, head_dim), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    rows = "packed" if tail == "packed" else "per_sequence"
+    plan = plan_attention_varlen(cu, cu, head_dim=head_dim, causal=True, tail=None if rows == "packed" else tail,
+                                 tile_m=tile_m, mma=mma, rows=rows)
+    cu_d = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    results = []
+    for fastest in (False, True):
+        monkeypatch.setattr(prefill_op, "heads_fastest", lambda max_seqlen_k, heads_per_kv, fastest=fastest: fastest)
+        plan._prepared.clear()  # a prepared call keeps its launch arguments
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((5, cu[-1]), float("nan"), device="cuda")
+        attention_varlen(q, k, v, cu_d, cu_d, causal=True, plan=plan, return_lse=True, out=out, lse_out=lse)
+        results.append((out, lse))
+    (slow_out, slow_lse), (fast_out, fast_lse) = results
+    assert not slow_out.isnan().any() and not slow_lse.isnan().any()
+    assert torch.equal(slow_out, fast_out) and torch.equal(slow_lse, fast_lse)
 
 
 # A plan used with cu_seqlens other than its own: (planned lengths, the call's cu_seqlens_q and cu_seqlens_k).

@@ -392,3 +392,9 @@ def test_validate_window_folds_causal_into_the_right_side(causal, window, merged
 def test_bad_windows_are_refused_by_name(causal, window, error, message):
     with pytest.raises(error, match=message):
         validate_window(causal, window)
+
+
+def test_blocks_take_heads_fastest_under_gqa_or_for_short_sequences():
+    from kgen.families.attention_prefill.op import HEADS_FASTEST_MAX_KEYS, heads_fastest
+    assert heads_fastest(1 << 20, 4) and heads_fastest(HEADS_FASTEST_MAX_KEYS, 1)
+    assert not heads_fastest(HEADS_FASTEST_MAX_KEYS + 1, 1)

@@ -75,7 +75,8 @@ struct MmaSyncKernel {
         __syncthreads();
 
         const auto tile = TileWork<kTileM, kTileN, kHasIncompleteTile>::of_block(args.work, args.cu_seqlens_q, args.cu_seqlens_k,
-                                                                                 args.heads_per_kv, args.window_left, args.window_right);
+                                                                                 args.heads_per_kv, args.window_left, args.window_right,
+                                                                                 args.heads_fastest);
 
         // Which tiles TMA loads: full ones, or all of them unless incomplete ones take cp.async.
         auto by_tma = [&](int first_row, int rows, int length) { return !kCpAsyncTail || first_row + rows <= length; };

@@ -199,10 +199,11 @@ struct WgmmaKernel {
 
         auto tile = [&] {  // a packed item's rows are found after its loads are issued (find_rows)
             if constexpr (kPacked) {
-                return PackedWork<kTileM, kTileN>::of_block(args.work, args.heads_per_kv);
+                return PackedWork<kTileM, kTileN>::of_block(args.work, args.heads_per_kv, args.heads_fastest);
             } else {
                 return TileWork<kTileM, kTileN, kHasIncompleteTile>::of_block(args.work, args.cu_seqlens_q, args.cu_seqlens_k,
-                                                                             args.heads_per_kv, args.window_left, args.window_right);
+                                                                             args.heads_per_kv, args.window_left, args.window_right,
+                                                                             args.heads_fastest);
             }
         }();
         const int num_tiles = max(tile.n_end - tile.n_begin, 0);

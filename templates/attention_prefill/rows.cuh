@@ -46,21 +46,23 @@ __device__ __forceinline__ void mask_columns(float (&s)[kRowBlocks][kBlocksN][4]
 // A work item's fields (the host's ATTENTION_WORK_FIELDS).
 enum WorkField { kSequence, kQueryTile, kQueryStart, kQueryEnd, kKeyStart, kKeyEnd, kWorkFields };
 
-// The block's work item and query head. The grid is (work items, heads), but its blocks take them heads fastest, in
-// launch order: the blocks resident at once read every head of their tokens (whole rows of q, k and v) and the
-// query heads that share a K/V head run together.
+// The block's work item and query head. The grid is (work items, heads); with heads_fastest (the host's choice, see
+// kgen.families.attention_prefill.op.heads_fastest) its blocks take them heads fastest in launch order instead: the
+// blocks resident at once then read every head of their tokens (whole rows of q, k and v), and the query heads that
+// share a K/V head run together.
 struct BlockWork {
     int item, head;
 };
 
-__device__ __forceinline__ BlockWork block_work() {
+__device__ __forceinline__ BlockWork block_work(long long heads_fastest) {
+    if (!heads_fastest) return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
     const unsigned linear = blockIdx.x + gridDim.x * blockIdx.y;
     return {static_cast<int>(linear / gridDim.y), static_cast<int>(linear % gridDim.y)};
 }
 
-// A CTA's work item: query tile work[blockIdx.x] (of kTileM rows) of its sequence for head
-// blockIdx.y, and the key tiles (of kTileN keys) [n_begin, n_end) holding a key some row of the
-// tile may attend. Without kHasIncompleteTile every sequence is whole tiles long.
+// A CTA's work item (block_work's): a query tile (of kTileM rows) of its sequence for one head, and the key tiles
+// (of kTileN keys) [n_begin, n_end) holding a key some row of the tile may attend. Without kHasIncompleteTile every
+// sequence is whole tiles long.
 //
 // The sequence's bounds are the plan's, which the host checked against the tensors, so nothing is
 // addressed outside them whatever the call's cu_seqlens hold. Where those differ from the plan's
@@ -93,12 +95,13 @@ struct TileWork {
     }
 
     __device__ static __forceinline__ TileWork of_block(const int* work, const int* cu_seqlens_q, const int* cu_seqlens_k,
-                                                        long long heads_per_kv, long long window_left, long long window_right) {
+                                                        long long heads_per_kv, long long window_left, long long window_right,
+                                                        long long heads_fastest) {
         TileWork t;
         // The item as three 8-byte pairs (sequence and tile, query bounds, key bounds): rows of 24 bytes.
         static_assert(kWorkFields == 6 && kQueryTile == kSequence + 1 && kQueryStart % 2 == 0 && kKeyStart % 2 == 0 &&
                       kQueryEnd == kQueryStart + 1 && kKeyEnd == kKeyStart + 1, "work items are three int pairs");
-        const BlockWork block = block_work();
+        const BlockWork block = block_work(heads_fastest);
         const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * block.item);
         const int2 index = item[kSequence / 2], q_bounds = item[kQueryStart / 2], k_bounds = item[kKeyStart / 2];
         const int seq = index.x, q_tile = index.y;
@@ -177,9 +180,9 @@ struct PackedWork {
     }
 
     // The item's fields; its rows' are find_rows'.
-    __device__ static __forceinline__ PackedWork of_block(const int* work, long long heads_per_kv) {
+    __device__ static __forceinline__ PackedWork of_block(const int* work, long long heads_per_kv, long long heads_fastest) {
         PackedWork t;
-        const BlockWork block = block_work();
+        const BlockWork block = block_work(heads_fastest);
         const int2* const item = reinterpret_cast<const int2*>(work + kWorkFields * block.item);
         const int2 sequences = item[0], tokens = item[1], key_bounds = item[2];
         t.head = block.head;

@@ -26,7 +26,8 @@ _ATTENTION_PARAMETERS = {mma: parameters(maps + (
     "const int* cu_seqlens_q, const int* cu_seqlens_k, const int* work, const int* plan_cu_seqlens, const float* sink, "
     "long long heads_per_kv, long long q_stride_t, long long q_stride_h, long long k_stride_t, long long k_stride_h, "
     "long long v_stride_t, long long v_stride_h, long long o_stride_t, long long o_stride_h, long long lse_stride_h, "
-    "float scale_log2, long long window_left, long long window_right")) for mma, maps in _ATTENTION_MAPS.items()}
+    "float scale_log2, long long window_left, long long window_right, long long heads_fastest"))
+    for mma, maps in _ATTENTION_MAPS.items()}
 
 
 def _attention_prefill(params: Mapping[str, Any]) -> LaunchContract:

@@ -181,8 +181,24 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, sink, softmax_
         q_stride_t=q.stride(0), q_stride_h=q.stride(1), k_stride_t=k.stride(0), k_stride_h=k.stride(1),
         v_stride_t=v.stride(0), v_stride_h=v.stride(1),
         o_stride_t=heads_q * head_dim, o_stride_h=head_dim, lse_stride_h=total_q, scale_log2=scale_log2,
-        window_left=window_left, window_right=window_right)
+        window_left=window_left, window_right=window_right,
+        heads_fastest=int(heads_fastest(plan.schedule.max_seqlen_k, heads_q // heads_kv)))
     return _PreparedCall(q.device.index, launch, (num_work, heads_q), maps, map_args, tables, out_shape, lse_shape)
+
+
+#: Sequences up to this many keys take their blocks heads fastest without GQA (see heads_fastest).
+HEADS_FASTEST_MAX_KEYS = 1024
+
+
+def heads_fastest(max_seqlen_k: int, heads_per_kv: int) -> bool:
+    """Whether the kernel's blocks take their (work item, head) heads fastest in launch order, not heads slowest.
+
+    Heads fastest, the blocks resident at once read every head of their tokens and the query heads that share a K/V
+    head run together: faster under GQA, and for sequences of up to about 1k keys (1-4% from 127 to 512 tokens,
+    2-4% on GQA batches up to 4k). Longer sequences of one K/V head a query head run heads slowest, whose resident
+    blocks read fewer K/V tiles at once (1-2% faster at 1025 and 2048 tokens); bench/NOTES.md, session 27.
+    """
+    return heads_per_kv > 1 or max_seqlen_k <= HEADS_FASTEST_MAX_KEYS
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, num_seqs: int | None) -> None:
