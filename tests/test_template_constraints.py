@@ -147,7 +147,7 @@ def test_every_admitted_value_compiles_into_a_tested_variant_or_fails_with_its_a
      "a work item's fields differ from the host's contract"),
     # The signature and the mainloop's arguments are rendered from the contract: a parameter it lacks
     # is one the body cannot name.
-    ("attention_prefill", {"drop_parameter": True}, 'class "<unnamed>::Arguments" has no member "window_right"'),
+    ("attention_prefill", {"drop_parameter": True}, 'class "<unnamed>::Arguments" has no member "heads_fastest"'),
     ("merge_attention_states", {"sizes": {"tile_rows": 3}}, "rows per block differ from the host's contract"),
     ("merge_attention_states", {"drop_parameter": True}, 'identifier "num_heads" is undefined'),
 ])
