@@ -127,32 +127,45 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     const int thread_row = warp_row0 + lane / 4;
     unsigned char* const out_rows = smem_bytes + (smem - kgen::smem_addr(smem_bytes)) + kStages * kStageBytes + kBarrierBytes;
     [[maybe_unused]] unsigned char* const fp8_rows = out_rows + kTileM * kOutRowBytes;
-    float acc[kBRows / 8][4];  // set by each tile's first product, or zeros below for K = 0
+    float acc[kBRows / 8][4];  // set by each tile's first product (FP8: zeroed at its start), or zeros below for K = 0
     for (int step = 0;; ) {
         const int first_stage = step % kStages;
         kgen::mbarrier_wait(barriers.full(first_stage), (step / kStages) & 1);
         const BlockTile tile = stage_tiles[first_stage];
         if (tile.owner.expert < 0) return;
+        // FP8: the scales of the thread's two rows (row-major or MN-major; none past the tensor, whose rows load as
+        // zeros) and of the tile's 128 columns, a K block's at a time; the result starts at zero, so every block's
+        // scaled product is one fused multiply-add.
+        const long long scale_row = tile.owner.first_row + thread_row;
+        const bool low_row_scaled = scale_row < num_rows, high_row_scaled = scale_row + 8 < num_rows;
+        const float* low_row_scales = a_scale + scale_row * a_scale_row_stride;
+        const float* high_row_scales = low_row_scales + 8 * a_scale_row_stride;
+        const float* column_scales = b_scale + (tile.owner.expert * (num_n / kScaleBlock) + tile.column_tile) * (num_k / kScaleBlock);
+        if constexpr (kFp8) {
+#pragma unroll
+            for (int j = 0; j < kBRows / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+        }
         for (int kt = 0; kt < k_tiles; ++kt, ++step) {
             const int stage = step % kStages;
             const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
+            // A k step moves 32 bytes inside the swizzled rows: 2 in a descriptor's start field (address / 16),
+            // which cannot carry out of it (shared memory ends below 2^18 bytes).
+            const unsigned long long a_descriptor = kgen::k_major_descriptor(stage_a), b_descriptor = kgen::k_major_descriptor(stage_b);
             kgen::mbarrier_wait(barriers.full(stage), (step / kStages) & 1);
             if constexpr (kFp8) {
-                // Two-level accumulation: this K block's product alone, then scaled by a's scales (the thread's two
-                // rows; none past the tensor, whose rows load as zeros) and b's (the tile's 128 columns) and added
+                // Two-level accumulation: this K block's product alone, then scaled by a's and b's scales and added
                 // to the fp32 result outside the tensor core, whose FP8 accumulation is narrower than fp32.
-                const long long scale_k = num_k / kScaleBlock, row = tile.owner.first_row + thread_row;
-                const float* const a_block = a_scale + kt * a_scale_block_stride;  // row-major or MN-major
-                const float a_low = row < num_rows ? a_block[row * a_scale_row_stride] : 0.f;
-                const float a_high = row + 8 < num_rows ? a_block[(row + 8) * a_scale_row_stride] : 0.f;
-                const float b_block = b_scale[(tile.owner.expert * (num_n / kScaleBlock) + tile.column_tile) * scale_k + kt];
+                const float a_low = low_row_scaled ? *low_row_scales : 0.f, a_high = high_row_scaled ? *high_row_scales : 0.f;
+                const float b_block = *column_scales;
+                low_row_scales += a_scale_block_stride, high_row_scales += a_scale_block_stride, ++column_scales;
                 float part[kBRows / 8][4];
                 kgen::fence_operands(acc);  // the last block's additions stay before these products' issue
                 kgen::wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too
-                    kgen::wgmma_ss<kBRows, 0>(part, kgen::k_major_descriptor(stage_a + 32 * kk),
-                                              kgen::k_major_descriptor(stage_b + 32 * kk), kk > 0);
+                    kgen::wgmma_ss<kBRows, 0>(part, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kk > 0);
                 }
                 kgen::wgmma_commit();
                 kgen::wgmma_wait<0>();
@@ -162,15 +175,14 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
 #pragma unroll
                 for (int j = 0; j < kBRows / 8; ++j)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[j][e] = kt > 0 ? fmaf(part[j][e], scale[e / 2], acc[j][e]) : part[j][e] * scale[e / 2];
+                    for (int e = 0; e < 4; ++e) acc[j][e] = fmaf(part[j][e], scale[e / 2], acc[j][e]);
                 continue;
             }
             kgen::fence_operands(acc);
             kgen::wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k16 step moves 32 bytes inside the swizzled rows
-                kgen::wgmma_ss<kBRows, 0>(acc, kgen::k_major_descriptor(stage_a + 32 * kk), kgen::k_major_descriptor(stage_b + 32 * kk),
-                                          kt > 0 || kk > 0);
+            for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {
+                kgen::wgmma_ss<kBRows, 0>(acc, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kt > 0 || kk > 0);
             }
             kgen::wgmma_commit();
             kgen::fence_operands(acc);
