@@ -11,7 +11,7 @@
 // Needs kernel.cu.j2's variant constants and schedule.
 {% include "common/swizzle.cuh" %}
 {% include "common/tma.cuh" %}
-{% with wgmma_widths = [tile_n if epilogue == "none" else 2 * tile_n], wgmma_input = {"bf16": "bf16", "fp16": "f16", "e4m3": "e4m3"}[dtype] %}
+{% with wgmma_widths = ([tile_n if epilogue == "none" else 2 * tile_n] + ([contract.sizes.scale_block] if dtype == "e4m3" else [])) | unique | list, wgmma_input = {"bf16": "bf16", "fp16": "f16", "e4m3": "e4m3"}[dtype] %}
 {% include "common/wgmma.cuh" %}
 {% endwith %}
 {% include "common/warp_roles.cuh" %}
@@ -140,7 +140,7 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
         const bool low_row_scaled = scale_row < num_rows, high_row_scaled = scale_row + 8 < num_rows;
         const float* low_row_scales = a_scale + scale_row * a_scale_row_stride;
         const float* high_row_scales = low_row_scales + 8 * a_scale_row_stride;
-        const float* column_scales = b_scale + (tile.owner.expert * (num_n / kScaleBlock) + tile.column_tile) * (num_k / kScaleBlock);
+        const float* column_scales = b_scale + (tile.owner.expert * (num_n / kScaleBlock) + tile.column_tile * kColumnBlocks) * (num_k / kScaleBlock);
         if constexpr (kFp8) {
 #pragma unroll
             for (int j = 0; j < kBRows / 8; ++j)
@@ -156,26 +156,41 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
             kgen::mbarrier_wait(barriers.full(stage), (step / kStages) & 1);
             if constexpr (kFp8) {
                 // Two-level accumulation: this K block's product alone, then scaled by a's and b's scales and added
-                // to the fp32 result outside the tensor core, whose FP8 accumulation is narrower than fp32.
+                // to the fp32 result outside the tensor core, whose FP8 accumulation is narrower than fp32. A tile
+                // of two column blocks takes them one after the other: one block's part accumulators (64 registers)
+                // beside the result's, where both blocks' would not fit.
                 const float a_low = low_row_scaled ? *low_row_scales : 0.f, a_high = high_row_scaled ? *high_row_scales : 0.f;
-                const float b_block = *column_scales;
-                low_row_scales += a_scale_block_stride, high_row_scales += a_scale_block_stride, ++column_scales;
-                float part[kBRows / 8][4];
-                kgen::fence_operands(acc);  // the last block's additions stay before these products' issue
-                kgen::wgmma_fence();
+                // b's scales of the tile's 128-column blocks; none past N (an incomplete tile's last block, whose
+                // products are never stored; N is whole scale blocks, so a tile of one block is never past it).
+                float b_blocks[kColumnBlocks];
 #pragma unroll
-                for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too
-                    kgen::wgmma_ss<kBRows, 0>(part, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kk > 0);
+                for (int column_block = 0; column_block < kColumnBlocks; ++column_block) {
+                    const bool in_n = !kHasIncompleteTile || kColumnBlocks == 1 ||
+                                      tile.column_tile * kColumnBlocks + column_block < num_n / kScaleBlock;
+                    b_blocks[column_block] = in_n ? column_scales[column_block * (num_k / kScaleBlock)] : 0.f;
                 }
-                kgen::wgmma_commit();
-                kgen::wgmma_wait<0>();
-                kgen::fence_operands(part);
-                if (lane == 0) kgen::mbarrier_arrive(barriers.empty(stage));
-                const float scale[2] = {a_low * b_block, a_high * b_block};
+                low_row_scales += a_scale_block_stride, high_row_scales += a_scale_block_stride, ++column_scales;
 #pragma unroll
-                for (int j = 0; j < kBRows / 8; ++j)
+                for (int column_block = 0; column_block < kColumnBlocks; ++column_block) {
+                    float part[kScaleBlock / 8][4];
+                    kgen::fence_operands(acc);  // the last block's additions stay before these products' issue
+                    kgen::wgmma_fence();
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[j][e] = fmaf(part[j][e], scale[e / 2], acc[j][e]);
+                    for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too
+                        kgen::wgmma_ss<kScaleBlock, 0>(part, a_descriptor + 2 * kk,
+                                                       b_descriptor + column_block * (kScaleBlock * kRowBytes / 16) + 2 * kk, kk > 0);
+                    }
+                    kgen::wgmma_commit();
+                    kgen::wgmma_wait<0>();
+                    kgen::fence_operands(part);
+                    if (column_block == kColumnBlocks - 1 && lane == 0) kgen::mbarrier_arrive(barriers.empty(stage));
+                    const float scale[2] = {a_low * b_blocks[column_block], a_high * b_blocks[column_block]};
+#pragma unroll
+                    for (int j = 0; j < kScaleBlock / 8; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            acc[column_block * kScaleBlock / 8 + j][e] = fmaf(part[j][e], scale[e / 2], acc[column_block * kScaleBlock / 8 + j][e]);
+                }
                 continue;
             }
             kgen::fence_operands(acc);
