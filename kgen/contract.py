@@ -79,6 +79,8 @@ class LaunchContract:
     parameters: Mapping[str, tuple[Parameter, ...]]
     #: Entries whose block differs from ``threads`` and ``dynamic_smem_bytes``: entry -> (threads, bytes).
     entry_shapes: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    #: Blocks per thread-block cluster (along x); a launch's grid still counts blocks, a multiple of it.
+    cluster: int = 1
 
     def launch_shape(self, entry: str) -> tuple[int, int]:
         """(threads per block, dynamic shared-memory bytes) of ``entry``."""

@@ -103,14 +103,16 @@ class KernelLauncher:
     """One kernel entry on one device, with the block size, dynamic shared memory and parameters its contract gives."""
 
     def __init__(self, kernel: Kernel, device_index: int, threads: int, dynamic_smem: int,
-                 parameters: Sequence[Parameter], name: str):
+                 parameters: Sequence[Parameter], name: str, cluster: int = 1):
         self.kernel = kernel
         self.device_index = device_index
         self.threads = threads
         self.dynamic_smem = dynamic_smem
+        self.cluster = cluster
         self.parameters = tuple(parameters)
         self.name = name
         self._configs: dict[int | tuple, LaunchConfig] = {}
+        self._resident_clusters: int | None = None
         self._checked_call = False
         #: ``launch(grid, *, <each parameter by name>)``: the launch (see :func:`_by_name`).
         self.launch = _by_name(name.rpartition(".")[2], tuple(p.name for p in self.parameters), self)
@@ -138,8 +140,22 @@ class KernelLauncher:
     def _new_config(self, grid: int | tuple) -> LaunchConfig:
         if len(self._configs) >= _MAX_CACHED_CONFIGS:
             self._configs.clear()
-        config = self._configs[grid] = LaunchConfig(grid=grid, block=self.threads, shmem_size=self.dynamic_smem)
+        if self.cluster == 1:
+            config = LaunchConfig(grid=grid, block=self.threads, shmem_size=self.dynamic_smem)
+        else:  # cuda.core counts a clustered launch's grid in clusters
+            if not isinstance(grid, int) or grid % self.cluster:
+                raise LaunchArgumentError(f"{self.name}: a grid of {grid} blocks is not whole clusters of {self.cluster}")
+            config = LaunchConfig(grid=grid // self.cluster, cluster=self.cluster, block=self.threads,
+                                  shmem_size=self.dynamic_smem)
+        self._configs[grid] = config
         return config
+
+    def resident_clusters(self) -> int:
+        """How many of this kernel's clusters the device runs at once (a persistent grid's size), once per launcher."""
+        if self._resident_clusters is None:
+            config = LaunchConfig(grid=1, cluster=self.cluster, block=self.threads, shmem_size=self.dynamic_smem)
+            self._resident_clusters = self.kernel.occupancy.max_active_clusters(config, stream=current_stream(self.device_index))
+        return self._resident_clusters
 
     def bound(self, **fixed):
         """The launch function with ``fixed`` parameters set: a call passes only the others by name.

@@ -98,6 +98,8 @@ AXIS_VALUE_SCHEMAS: dict[str, dict] = {
     "epilogue": {"enum": ["none", "swiglu", "swiglu_quantize"]},
     # Tiles in flight or ready per pipeline (per warp, or per block).
     "stages": {"type": "integer", "minimum": 2, "maximum": 8},
+    # Blocks per thread-block cluster (Hopper's portable cluster sizes), which share loads by TMA multicast.
+    "cluster": {"type": "integer", "enum": [1, 2, 4, 8]},
 }
 
 _identifier = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}

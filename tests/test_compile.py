@@ -235,20 +235,34 @@ def test_decode_sass_is_mma_sync_with_its_loads_and_no_local_memory(name, tmp_pa
     assert not local, f"{name}: local memory accesses: {local[:5]}"
 
 
-def _grouped_gemm_variants():
-    """The bf16 variants, and the FP8 ones (their inputs e4m3, their result bf16)."""
-    family = kgen.registry.current().family("grouped_gemm")
-    return [v for v in family.variants if v.param_dict["dtype"] in ("bf16", "e4m3")]
+#: The grouped GEMM's kernel forms beyond the built-in spec, as tests/grouped_gemm_kernels.py runs them on the GPU.
+GROUPED_GEMM_SPEC_FOLDERS = [Path(__file__).resolve().parent / "specs" / name for name in ("grouped_gemm_cluster", "grouped_gemm_fp8_wide")]
 
 
-@pytest.mark.parametrize("name", [v.name for v in _grouped_gemm_variants()], ids=lambda n: n.split("[")[1])
+def _grouped_gemm_variants() -> dict[str, Variant]:
+    """The bf16 variants and the FP8 ones (their inputs e4m3, their result bf16): the built-in spec's, and those the
+    test spec folders add, by name."""
+    found = {}
+    for folder in (None, *GROUPED_GEMM_SPEC_FOLDERS):
+        with kgen.config.overrides(KGEN_SPEC_PATH=folder and str(folder)):
+            for v in kgen.registry.current().family("grouped_gemm").variants:
+                if v.param_dict["dtype"] in ("bf16", "e4m3") and (folder is None or v.spec_path.parent == folder):
+                    found[v.name] = v
+    return found
+
+
+GROUPED_GEMM_VARIANTS = _grouped_gemm_variants()
+
+
+@pytest.mark.parametrize("name", list(GROUPED_GEMM_VARIANTS), ids=lambda n: n.split("[")[1])
 def test_grouped_gemm_sass_has_its_kernels_instructions_and_no_local_memory(name, tmp_path):
-    variant = next(v for v in _grouped_gemm_variants() if v.name == name)
+    variant = GROUPED_GEMM_VARIANTS[name]
     params = variant.param_dict
-    cubin, _ = _compiled(name)
+    cubin, record = compile_cubin(render(variant), ARCH, name)
+    assert record.spills == 0
     text = sass_by_function(cubin, tmp_path)["grouped_gemm"]
     if params["dtype"] == "e4m3":
-        # FP8: one n128 k32 product per 32 bytes of K, e4m3 from descriptors; TMA loads.
+        # FP8: one n128 k32 product per 32 bytes of K (a 256-column tile takes two), e4m3 from descriptors; TMA loads.
         assert re.search(r"\bQGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[", text), f"{name}: no QGMMA 64x128x32 e4m3"
         assert re.search(r"\bUTMALDG\.3D\b", text) and not _CP_ASYNC.search(text), name
     elif params["mma"] == "wgmma":
@@ -259,10 +273,25 @@ def test_grouped_gemm_sass_has_its_kernels_instructions_and_no_local_memory(name
         assert not _CP_ASYNC.search(text)
     else:
         assert re.search(r"\bHMMA\.16816\.F32\.BF16\b", text) and _CP_ASYNC.search(text), name
+    # A cluster shares B tiles by multicast loads, and its blocks leave together.
+    clustered = params["cluster"] > 1
+    assert bool(re.search(r"\bUTMALDG\.3D\.MULTICAST\b", text)) is clustered, name
+    assert bool(re.search(r"\bUCGABAR_ARV\b", text)) is clustered, name
     # The FP8 epilogue converts to e4m3 in pairs.
     assert bool(re.search(r"\bF2FP\.SATFINITE\.E4M3\.F32\.PACK_AB", text)) is (params["epilogue"] == "swiglu_quantize")
     local = [line.strip() for line in text.splitlines() if _LOCAL.search(line)]
     assert not local, f"{name}: local memory accesses: {local[:5]}"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"mma": "mma_sync", "tile_k": 32}, "with mma=mma_sync, cluster must be 1"),
+    ({"tile_n": 128}, "with mma=wgmma, cluster must be 1, or 2 with B tiles of two 128-row boxes"),
+])
+def test_a_cluster_the_kernel_cannot_share_b_in_is_refused_naming_the_axis(change, message):
+    built_in = kgen.registry.current().family("grouped_gemm").select(mma="wgmma", dtype="bf16", epilogue="none")
+    params = tuple((k, change.get(k, 2 if k == "cluster" else v)) for k, v in built_in.params)
+    with pytest.raises(CompileError, match=message):
+        compile_cubin(render(Variant(built_in.family, params, built_in.spec_path)), ARCH, "refused cluster")
 
 
 def test_sass_patterns_match_what_they_should():

@@ -445,7 +445,7 @@ VALID_VALUES = {
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": [1, 2, 4],
     "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"], "kv_layout": ["contiguous", "paged"],
     "kv_load": ["tma", "cp_async"], "stages": [2, 3, 4], "epilogue": ["none", "swiglu", "swiglu_quantize"],
-    "rows": ["per_sequence", "packed"],
+    "rows": ["per_sequence", "packed"], "cluster": [1, 2],
 }
 assert set(VALID_VALUES) == set(AXES)
 
@@ -723,7 +723,7 @@ ALL_VALUES = {
     "tail": ["tma", "cp_async"], "has_incomplete_tile": [True, False], "rows_per_thread": list(range(1, 17)),
     "mma": ["mma_sync", "wgmma"], "state_layout": ["kv", "vk"], "kv_layout": ["contiguous", "paged"],
     "kv_load": ["tma", "cp_async"], "stages": [2, 3, 4], "epilogue": ["none", "swiglu", "swiglu_quantize"],
-    "rows": ["per_sequence", "packed"],
+    "rows": ["per_sequence", "packed"], "cluster": [1, 2, 4, 8],
 }
 assert set(ALL_VALUES) == set(AXES)
 

@@ -7,22 +7,26 @@ whole tiles), neighbours poisoned with NaN/Inf, a plan used with cu_seqlens past
 for the gated delta rule), decode attention (each load and tail policy, contiguous
 and paged, a request split and merged in the kernel), the gated delta rule's chunked forward (tails, a
 split sequence with its summaries and chain, both layouts, l2norm), its backward and decode step, both merge
-kernels, the FP8 block quantization and the grouped GEMMs (plain and SwiGLU, each kernel). Named parts run alone:
+kernels, the FP8 block quantization and the grouped GEMMs (plain and SwiGLU, each kernel form: clustered and FP8 128 x 256 ones too). Named parts run alone:
 
     compute-sanitizer --tool racecheck --report-api-errors no python3 tools/sanitizer_case.py moe
 """
 
 import sys
+from pathlib import Path
 from unittest import mock
 
 import torch
 
-from kgen import registry
+from kgen import config, registry
 from kgen.families.grouped_gemm import op as grouped_gemm_op
 from kgen.ops import attention_decode, attention_varlen, merge_attention_states, merge_attention_states_n
 from kgen.ops import plan_attention_decode, plan_attention_varlen
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, gated_delta_rule_step, plan_chunk_gated_delta_rule
 from kgen.ops import grouped_gemm, grouped_gemm_swiglu, quantize_fp8_blockwise
+
+#: The test spec folders of the grouped GEMM's other kernel forms.
+TEST_SPECS = Path(__file__).resolve().parents[1] / "tests" / "specs"
 
 
 def attention_and_gated_delta_rule() -> None:
@@ -119,18 +123,27 @@ def moe() -> None:
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for rows in (301, 256):
             quantize_fp8_blockwise(torch.randn((rows, 640), device="cuda", dtype=dtype))
-    for kernel in ("wgmma", "mma_sync"):
-        # As tests/grouped_gemm_kernels.py: the op takes `kernel`.
-        with mock.patch.object(grouped_gemm_op, "first_runnable", lambda *args, **kwargs: kernel):
+    # As tests/grouped_gemm_kernels.py: the op takes each kernel form (a kernel, and a spec folder ahead of the
+    # built-in one: clusters of two blocks sharing B tiles, FP8's 128 x 256 tile).
+    for kernel, spec_path in (("wgmma", None), ("wgmma", TEST_SPECS / "grouped_gemm_cluster"), ("mma_sync", None)):
+        with (mock.patch.object(grouped_gemm_op, "first_runnable", lambda *args, **kwargs: kernel),
+              config.overrides(KGEN_SPEC_PATH=spec_path and str(spec_path))):
             grouped_gemms()
+    for spec_path in (None, TEST_SPECS / "grouped_gemm_fp8_wide", TEST_SPECS / "grouped_gemm_cluster"):
+        with config.overrides(KGEN_SPEC_PATH=spec_path and str(spec_path)):
+            fp8_grouped_gemms()
+
+
+def fp8_grouped_gemms() -> None:
     # FP8 inputs (wgmma alone): a group ending at a's last row, rows of no group, offs that pass the end (the
-    # scales of rows past a are never read), and the masked layout.
+    # scales of rows past a are never read), N of one and of three 128-column blocks, and the masked layout.
     fp8 = torch.float8_e4m3fn
     a = torch.randn((140, 256), device="cuda").to(fp8)
-    b = torch.randn((3, 256, 256), device="cuda").to(fp8)
-    for offs in ([0, 5, 135], [70, 60, 900]):
-        grouped_gemm(a, b, torch.tensor(offs, dtype=torch.int32, device="cuda"),
-                     a_scale=torch.rand((140, 2), device="cuda"), b_scale=torch.rand((3, 2, 2), device="cuda"))
+    for n in (256, 384):
+        b = torch.randn((3, n, 256), device="cuda").to(fp8)
+        for offs in ([0, 5, 135], [70, 60, 900]):
+            grouped_gemm(a, b, torch.tensor(offs, dtype=torch.int32, device="cuda"), a_scale=torch.rand((140, 2), device="cuda"),
+                         b_scale=torch.rand((3, n // 128, 2), device="cuda"))
     grouped_gemm(torch.randn((4, 150, 128), device="cuda").to(fp8), torch.randn((4, 128, 128), device="cuda").to(fp8),
                  masked_m=torch.tensor([3, 0, 200, -1], dtype=torch.int32, device="cuda"),
                  a_scale=torch.rand((4, 150, 1), device="cuda"), b_scale=torch.rand((4, 1, 1), device="cuda"))

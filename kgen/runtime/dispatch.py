@@ -76,7 +76,7 @@ def launcher(variant: Variant, entry: str, device_index: int) -> KernelLauncher:
         kernel = jit.load(variant).kernel(entry)
         threads, dynamic_smem = shape.launch_shape(entry)
         return KernelLauncher(kernel, device_index, threads, dynamic_smem, shape.parameters[entry],
-                              f"{variant.name}.{entry}")
+                              f"{variant.name}.{entry}", cluster=shape.cluster)
 
 
 def cached_launcher(variant: Variant, entry: str, device_index: int) -> KernelLauncher:

@@ -39,6 +39,54 @@ __device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
         "}\n" :: "r"(bar), "r"(parity) : "memory");
 }
 
+// ---- Thread-block clusters (sm_90) ----
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+
+// One arrival on the mbarrier at offset `bar` of CTA `rank`'s shared memory (this CTA's own included), released at
+// cluster scope: this thread's reads of the buffer the barrier guards are done before a peer's copies overwrite it.
+__device__ __forceinline__ void mbarrier_arrive_cluster(unsigned bar, unsigned rank) {
+    asm volatile(
+        "{\n"
+        ".reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+        "}\n" :: "r"(bar), "r"(rank) : "memory");
+}
+
+// mbarrier_wait acquiring at cluster scope: for a barrier that other CTAs' threads arrive on.
+__device__ __forceinline__ void mbarrier_wait_cluster(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+
+// Every thread of the cluster that has not exited arrives, then waits for the others (not .aligned: callers may
+// come from divergent code).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// tma_load_3d into the same shared-memory offset of every CTA in `cta_mask` (bit r: rank r), each copy completing
+// on the mbarrier at offset `bar` of its own CTA.
+__device__ __forceinline__ void tma_load_3d_multicast(unsigned smem, const TmaDescriptor* map, int c0, int c1, int c2,
+                                                      unsigned bar, unsigned short cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
+        :: "r"(smem), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(cta_mask)
+        : "memory");
+}
+
 // Orders this thread's earlier generic-proxy accesses to shared memory before
 // later async-proxy (TMA) writes to it.
 __device__ __forceinline__ void fence_proxy_async_shared() {

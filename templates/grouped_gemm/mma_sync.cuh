@@ -10,6 +10,7 @@ namespace {
 constexpr int kThreads = {{ num_warps }} * 32, kWarps = kThreads / 32;
 // Warps tile the block's output 2 x (kWarps / 2); a warp's share is whole 16 x 16 pieces.
 constexpr int kWarpsM = 2, kWarpsN = kWarps / kWarpsM;
+static_assert(kCluster == 1, "grouped_gemm: with mma=mma_sync, cluster must be 1 (its blocks share nothing)");
 static_assert(kWarps % kWarpsM == 0, "grouped_gemm: num_warps must be even");
 constexpr int kWarpM = kTileM / kWarpsM, kWarpN = kTileN / kWarpsN;
 static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0,

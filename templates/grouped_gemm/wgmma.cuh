@@ -45,12 +45,39 @@ static_assert(kgen::kWarpgroupThreads * (kProducerRegisters + kConsumerGroups * 
 static_assert(kThreads == {{ contract.threads }}, "threads per block differ from the host's contract");
 static_assert(kDynamicSmemBytes == {{ contract.dynamic_smem_bytes }}, "shared memory differs from the host's contract");
 static_assert(kBoxRows == {{ contract.sizes.box_rows }}, "TMA boxes differ from the host's maps");
+static_assert(kCluster == 1 || (kCluster == 2 && kBRows == 2 * kBoxRows),
+              "grouped_gemm: with mma=wgmma, cluster must be 1, or 2 with B tiles of two 128-row boxes (one from each "
+              "block): tile_n 256, or SwiGLU's 128");
 
 struct Barriers {
     unsigned base;
     __device__ unsigned full(int stage) const { return base + 8 * stage; }
     __device__ unsigned empty(int stage) const { return base + 8 * (kStages + stage); }
 };
+
+// A cluster's unit `unit`: row tiles 2p and 2p + 1 of one column tile (the raster of block_tile over pairs of row
+// tiles); block `rank` of the cluster takes row tile 2p + rank. Where both belong to one expert the blocks share its
+// B tile. A block whose row tile is past the last expert's, beside one that is not, computes its peer's rows and
+// stores none (its group ends where it starts), so both blocks fill and release the same stages. In every lane of
+// the calling (whole) warp.
+struct ClusterTile {
+    BlockTile tile;
+    bool shares_b;
+};
+
+__device__ __forceinline__ ClusterTile cluster_tile(long long unit, unsigned rank, const int* offs, long long num_experts,
+                                                    long long num_rows, long long masked_rows, long long row_tiles,
+                                                    long long column_tiles) {
+    long long pair, column_tile;
+    raster(unit, (row_tiles + 1) / 2, column_tiles, pair, column_tile);
+    const TileOwner first = tile_owner(offs, num_experts, num_rows, masked_rows, 2 * pair);
+    const TileOwner second = 2 * pair + 1 < row_tiles ? tile_owner(offs, num_experts, num_rows, masked_rows, 2 * pair + 1)
+                                                      : TileOwner{-1, 0, 0};
+    const TileOwner peer = rank == 0 ? second : first;
+    TileOwner own = rank == 0 ? first : second;
+    if (own.expert < 0 && peer.expert >= 0) own = {peer.expert, peer.first_row, peer.first_row};
+    return {BlockTile{own, column_tile}, first.expert >= 0 && first.expert == second.expert};
+}
 
 }  // namespace
 
@@ -62,29 +89,48 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     // The tile whose first K step a stage holds, written by the producer before the stage's loads: the consumers
     // read it once the stage's full barrier completes (its arrival releases the write, their wait acquires it).
     __shared__ BlockTile stage_tiles[kStages];
+    // In a cluster every consumer warp of both blocks releases each stage (the peer's copies of a shared B tile
+    // land in it), and a block leaves only with its peer, which may arrive on its barriers until then.
     if (threadIdx.x == 0) {
         for (int stage = 0; stage < kStages; ++stage) {
             kgen::mbarrier_init(barriers.full(stage), 1);
-            kgen::mbarrier_init(barriers.empty(stage), kConsumerWarps);
+            kgen::mbarrier_init(barriers.empty(stage), kConsumerWarps * kCluster);
         }
         kgen::mbarrier_init_fence();
     }
-    __syncthreads();
+    if constexpr (kCluster > 1) kgen::cluster_sync();  // the peer's barriers are initialised before any arrival
+    else __syncthreads();
+    const auto leave = [] {
+        if constexpr (kCluster > 1) kgen::cluster_sync();
+    };
     const int k_tiles = static_cast<int>((num_k + kTileK - 1) / kTileK);  // at least 1: the host takes K = 0 elsewhere
-    const long long num_tiles = row_tiles * column_tiles;
+    // A block's work: its tiles, or in a cluster its cluster's units (pairs of row tiles).
+    const long long num_units = kCluster > 1 ? (row_tiles + 1) / 2 * column_tiles : row_tiles * column_tiles;
     const int warp = kgen::warp_index(), lane = threadIdx.x % 32;
 
     if (warp < 4) {
-        // ---- Producer: warp 0 finds the block's tiles (tile blockIdx.x, then every gridDim.x-th, skipping row tiles
-        // past the last expert's), lane 0 loads their K steps, and after the last a stage with no tile ends the work.
+        // ---- Producer: warp 0 finds the block's tiles (unit blockIdx.x / kCluster, then every (gridDim.x /
+        // kCluster)-th, skipping row tiles past the last expert's), lane 0 loads their K steps, and after the last a
+        // stage with no tile ends the work.
         kgen::release_registers<kProducerRegisters>();
-        if (warp != 0) return;
+        if (warp != 0) {
+            leave();
+            return;
+        }
+        [[maybe_unused]] const unsigned rank = kCluster > 1 ? kgen::cluster_rank() : 0u;
         int step = 0;  // K steps issued, over all of the block's tiles
-        for (long long index = blockIdx.x;; index += gridDim.x) {
-            const bool done = index >= num_tiles;
+        for (long long unit = blockIdx.x / kCluster;; unit += gridDim.x / kCluster) {
+            const bool done = unit >= num_units;
             BlockTile tile = {TileOwner{-1, 0, 0}, 0};
+            [[maybe_unused]] bool shares_b = false;
             if (!done) {
-                tile = block_tile(index, offs, num_experts, num_rows, masked_rows, row_tiles, column_tiles);
+                if constexpr (kCluster > 1) {
+                    const ClusterTile found = cluster_tile(unit, rank, offs, num_experts, num_rows, masked_rows, row_tiles, column_tiles);
+                    tile = found.tile;
+                    shares_b = found.shares_b;
+                } else {
+                    tile = block_tile(unit, offs, num_experts, num_rows, masked_rows, row_tiles, column_tiles);
+                }
                 if (tile.owner.expert < 0) continue;
             }
             if (lane == 0) {
@@ -96,7 +142,8 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                 for (int kt = 0; kt < (done ? 1 : k_tiles); ++kt) {
                     const int stage = (step + kt) % kStages;
                     // A fresh barrier's previous phase counts as complete, so the first round does not wait.
-                    kgen::mbarrier_wait(barriers.empty(stage), (((step + kt) / kStages) & 1) ^ 1);
+                    if constexpr (kCluster > 1) kgen::mbarrier_wait_cluster(barriers.empty(stage), (((step + kt) / kStages) & 1) ^ 1);
+                    else kgen::mbarrier_wait(barriers.empty(stage), (((step + kt) / kStages) & 1) ^ 1);
                     if (kt == 0) stage_tiles[stage] = tile;
                     if (done) {
                         kgen::mbarrier_arrive(barriers.full(stage));  // no bytes: the consumers read the end
@@ -108,12 +155,24 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
 #pragma unroll
                     for (int box = 0; box < kBRows / kBoxRows; ++box) {
                         const long long b_row = b_first + (kSwiglu ? box * num_n : box * kBoxRows);
-                        kgen::tma_load_3d(stage_b + box * kBoxRows * kRowBytes, &map_b, kt * kTileK, 0, static_cast<int>(b_row),
-                                          barriers.full(stage));
+                        const unsigned box_smem = stage_b + box * kBoxRows * kRowBytes;
+                        if constexpr (kCluster > 1) {
+                            if (shares_b) {  // box `rank` from this block, into both blocks' stage
+                                if (box == static_cast<int>(rank)) {
+                                    kgen::tma_load_3d_multicast(box_smem, &map_b, kt * kTileK, 0, static_cast<int>(b_row),
+                                                                barriers.full(stage), (1u << kCluster) - 1);
+                                }
+                                continue;
+                            }
+                        }
+                        kgen::tma_load_3d(box_smem, &map_b, kt * kTileK, 0, static_cast<int>(b_row), barriers.full(stage));
                     }
                 }
             }
-            if (done) return;
+            if (done) {
+                leave();
+                return;
+            }
             step += k_tiles;
             __syncwarp();
         }
@@ -121,6 +180,15 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
 
     // ---- Consumers: the tiles in the producer's order, until a stage holds none. ----
     kgen::claim_registers<kConsumerRegisters>();
+    // A stage read: released to this block's producer, and in a cluster to the peer's too.
+    const auto release = [&](int stage) {
+        if constexpr (kCluster > 1) {
+#pragma unroll
+            for (unsigned block = 0; block < kCluster; ++block) kgen::mbarrier_arrive_cluster(barriers.empty(stage), block);
+        } else {
+            kgen::mbarrier_arrive(barriers.empty(stage));
+        }
+    };
     const int consumer_thread = threadIdx.x - kgen::kWarpgroupThreads;
     const int group = consumer_thread / kgen::kWarpgroupThreads;
     const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);  // this warp's 16 rows of the tile
@@ -132,7 +200,10 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
         const int first_stage = step % kStages;
         kgen::mbarrier_wait(barriers.full(first_stage), (step / kStages) & 1);
         const BlockTile tile = stage_tiles[first_stage];
-        if (tile.owner.expert < 0) return;
+        if (tile.owner.expert < 0) {
+            leave();
+            return;
+        }
         // FP8: the scales of the thread's two rows (row-major or MN-major; none past the tensor, whose rows load as
         // zeros) and of the tile's 128 columns, a K block's at a time; the result starts at zero, so every block's
         // scaled product is one fused multiply-add.
@@ -183,7 +254,7 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                     kgen::wgmma_commit();
                     kgen::wgmma_wait<0>();
                     kgen::fence_operands(part);
-                    if (column_block == kColumnBlocks - 1 && lane == 0) kgen::mbarrier_arrive(barriers.empty(stage));
+                    if (column_block == kColumnBlocks - 1 && lane == 0) release(stage);
                     const float scale[2] = {a_low * b_blocks[column_block], a_high * b_blocks[column_block]};
 #pragma unroll
                     for (int j = 0; j < kScaleBlock / 8; ++j)
@@ -203,12 +274,12 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
             kgen::fence_operands(acc);
             kgen::wgmma_wait<1>();  // the previous stage's products are done: release it
             kgen::fence_operands(acc);
-            if (kt > 0 && lane == 0) kgen::mbarrier_arrive(barriers.empty((step - 1) % kStages));
+            if (kt > 0 && lane == 0) release((step - 1) % kStages);
         }
         if constexpr (!kFp8) {  // (the FP8 loop released every stage itself)
             kgen::wgmma_wait<0>();
             kgen::fence_operands(acc);
-            if (lane == 0) kgen::mbarrier_arrive(barriers.empty((step - 1) % kStages));  // the producer loads on meanwhile
+            if (lane == 0) release((step - 1) % kStages);  // the producer loads on meanwhile
         }
         // The host takes K = 0 to the mma_sync kernel (a TMA map needs K > 0), yet this branch stays: without it
         // ptxas (NVRTC 13.0) serialises the fp16 kernel's wgmma (C7514), which kgen build refuses.

@@ -51,6 +51,7 @@ def _grouped_gemm(params: Mapping[str, Any]) -> LaunchContract:
     return LaunchContract(
         threads=threads,
         dynamic_smem_bytes=smem,
+        cluster=params["cluster"],
         sizes={"tile_m": params["tile_m"], "tile_n": params["tile_n"], "tile_k": params["tile_k"], "box_rows": TMA_BOX_ROWS,
                "result_bytes": out_itemsize, "scale_block": SCALE_BLOCK},
         parameters={"grouped_gemm": parameters(_MMA_PARAMETERS[params["mma"]] + _COMMON + _EPILOGUE_PARAMETERS[params["epilogue"]])},

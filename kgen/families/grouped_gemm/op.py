@@ -264,10 +264,14 @@ def _launch(epilogue: str, a, b, groups: Groups, out, **extra) -> None:
     if row_tiles * column_tiles > _MAX_BLOCKS:
         raise ValueError(f"a: {row_tiles} row tiles x {column_tiles} column tiles exceed a grid's {_MAX_BLOCKS} blocks")
     grid = row_tiles * column_tiles
+    kernel = incomplete if columns % sizes["tile_n"] or depth % sizes["tile_k"] else full
     if mma == "wgmma":  # persistent: a block per SM at most, each taking every grid-th tile
         extra.update(_maps(a, b, rows, depth))
-        grid = min(grid, _sm_count(device))
-    kernel = incomplete if columns % sizes["tile_n"] or depth % sizes["tile_k"] else full
+        if kernel.cluster == 1:
+            grid = min(grid, _sm_count(device))
+        else:  # clusters take row tiles kernel.cluster at a time: as many clusters as run at once, or as units
+            units = -(-row_tiles // kernel.cluster) * column_tiles
+            grid = kernel.cluster * min(units, max(1, kernel.resident_clusters()))
     kernel.launch(grid, a=a.data_ptr(), b=b.data_ptr(), offs=groups.tensor.data_ptr(),
                   out=out.data_ptr(), num_rows=rows, num_n=columns, num_k=depth, num_experts=experts,
                   row_tiles=row_tiles, column_tiles=column_tiles, masked_rows=groups.masked_rows,
