@@ -151,10 +151,15 @@ class KernelLauncher:
         return config
 
     def resident_clusters(self) -> int:
-        """How many of this kernel's clusters the device runs at once (a persistent grid's size), once per launcher."""
+        """How many of this kernel's clusters the device runs at once (a persistent grid's size), asked of the driver
+        once per launcher (dispatch asks when it makes the launcher, before any call can be inside a capture)."""
         if self._resident_clusters is None:
             config = LaunchConfig(grid=1, cluster=self.cluster, block=self.threads, shmem_size=self.dynamic_smem)
-            self._resident_clusters = self.kernel.occupancy.max_active_clusters(config, stream=current_stream(self.device_index))
+            found = self.kernel.occupancy.max_active_clusters(config, stream=current_stream(self.device_index))
+            if found < 1:
+                raise RuntimeError(f"{self.name}: device {self.device_index} cannot hold one cluster of {self.cluster} "
+                                   f"blocks of {self.threads} threads and {self.dynamic_smem} bytes of shared memory")
+            self._resident_clusters = found
         return self._resident_clusters
 
     def bound(self, **fixed):

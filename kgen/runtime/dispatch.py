@@ -75,8 +75,11 @@ def launcher(variant: Variant, entry: str, device_index: int) -> KernelLauncher:
     with torch.cuda.device(device_index):
         kernel = jit.load(variant).kernel(entry)
         threads, dynamic_smem = shape.launch_shape(entry)
-        return KernelLauncher(kernel, device_index, threads, dynamic_smem, shape.parameters[entry],
+        made = KernelLauncher(kernel, device_index, threads, dynamic_smem, shape.parameters[entry],
                               f"{variant.name}.{entry}", cluster=shape.cluster)
+        if shape.cluster > 1:
+            made.resident_clusters()  # asked here, once, rather than by an op's first call
+        return made
 
 
 def cached_launcher(variant: Variant, entry: str, device_index: int) -> KernelLauncher:

@@ -48,26 +48,16 @@ __device__ __forceinline__ unsigned cluster_rank() {
     return rank;
 }
 
-// One arrival on the mbarrier at offset `bar` of CTA `rank`'s shared memory (this CTA's own included), released at
-// cluster scope: this thread's reads of the buffer the barrier guards are done before a peer's copies overwrite it.
-__device__ __forceinline__ void mbarrier_arrive_cluster(unsigned bar, unsigned rank) {
+// One arrival on the mbarrier at offset `bar` of CTA `rank`'s shared memory (a peer's, in a cluster). Like
+// mbarrier_arrive it releases at CTA scope: what it releases is a buffer's reads by wgmma, which wgmma_wait has
+// already seen done, so the cluster-scope form's fences (MEMBAR.GPU in SASS) would only slow the release.
+__device__ __forceinline__ void mbarrier_arrive_remote(unsigned bar, unsigned rank) {
     asm volatile(
         "{\n"
         ".reg .b32 remote;\n"
         "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
         "}\n" :: "r"(bar), "r"(rank) : "memory");
-}
-
-// mbarrier_wait acquiring at cluster scope: for a barrier that other CTAs' threads arrive on.
-__device__ __forceinline__ void mbarrier_wait_cluster(unsigned bar, unsigned parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n"
-        "}\n" :: "r"(bar), "r"(parity) : "memory");
 }
 
 // Every thread of the cluster that has not exited arrives, then waits for the others (not .aligned: callers may

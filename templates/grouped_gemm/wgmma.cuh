@@ -56,10 +56,10 @@ struct Barriers {
 };
 
 // A cluster's unit `unit`: row tiles 2p and 2p + 1 of one column tile (the raster of block_tile over pairs of row
-// tiles); block `rank` of the cluster takes row tile 2p + rank. Where both belong to one expert the blocks share its
-// B tile. A block whose row tile is past the last expert's, beside one that is not, computes its peer's rows and
-// stores none (its group ends where it starts), so both blocks fill and release the same stages. In every lane of
-// the calling (whole) warp.
+// tiles); block `rank` of the cluster takes row tile 2p + rank. A block whose row tile is past the last expert's,
+// beside one that is not, computes its peer's rows and stores none (its group ends where it starts), so both blocks
+// fill and release the same stages. Where both then compute one expert's rows, they share its B tile. In every lane
+// of the calling (whole) warp.
 struct ClusterTile {
     BlockTile tile;
     bool shares_b;
@@ -76,7 +76,10 @@ __device__ __forceinline__ ClusterTile cluster_tile(long long unit, unsigned ran
     const TileOwner peer = rank == 0 ? second : first;
     TileOwner own = rank == 0 ? first : second;
     if (own.expert < 0 && peer.expert >= 0) own = {peer.expert, peer.first_row, peer.first_row};
-    return {BlockTile{own, column_tile}, first.expert >= 0 && first.expert == second.expert};
+    // Both blocks' view of it: the experts they compute (a block past the end computes its peer's).
+    const int first_expert = first.expert >= 0 ? first.expert : second.expert;
+    const int second_expert = second.expert >= 0 ? second.expert : first.expert;
+    return {BlockTile{own, column_tile}, first_expert >= 0 && first_expert == second_expert};
 }
 
 }  // namespace
@@ -142,8 +145,7 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                 for (int kt = 0; kt < (done ? 1 : k_tiles); ++kt) {
                     const int stage = (step + kt) % kStages;
                     // A fresh barrier's previous phase counts as complete, so the first round does not wait.
-                    if constexpr (kCluster > 1) kgen::mbarrier_wait_cluster(barriers.empty(stage), (((step + kt) / kStages) & 1) ^ 1);
-                    else kgen::mbarrier_wait(barriers.empty(stage), (((step + kt) / kStages) & 1) ^ 1);
+                    kgen::mbarrier_wait(barriers.empty(stage), (((step + kt) / kStages) & 1) ^ 1);
                     if (kt == 0) stage_tiles[stage] = tile;
                     if (done) {
                         kgen::mbarrier_arrive(barriers.full(stage));  // no bytes: the consumers read the end
@@ -181,13 +183,10 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     // ---- Consumers: the tiles in the producer's order, until a stage holds none. ----
     kgen::claim_registers<kConsumerRegisters>();
     // A stage read: released to this block's producer, and in a cluster to the peer's too.
+    [[maybe_unused]] const unsigned peer = kCluster > 1 ? kgen::cluster_rank() ^ 1u : 0u;
     const auto release = [&](int stage) {
-        if constexpr (kCluster > 1) {
-#pragma unroll
-            for (unsigned block = 0; block < kCluster; ++block) kgen::mbarrier_arrive_cluster(barriers.empty(stage), block);
-        } else {
-            kgen::mbarrier_arrive(barriers.empty(stage));
-        }
+        kgen::mbarrier_arrive(barriers.empty(stage));
+        if constexpr (kCluster > 1) kgen::mbarrier_arrive_remote(barriers.empty(stage), peer);
     };
     const int consumer_thread = threadIdx.x - kgen::kWarpgroupThreads;
     const int group = consumer_thread / kgen::kWarpgroupThreads;

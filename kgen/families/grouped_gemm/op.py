@@ -271,7 +271,7 @@ def _launch(epilogue: str, a, b, groups: Groups, out, **extra) -> None:
             grid = min(grid, _sm_count(device))
         else:  # clusters take row tiles kernel.cluster at a time: as many clusters as run at once, or as units
             units = -(-row_tiles // kernel.cluster) * column_tiles
-            grid = kernel.cluster * min(units, max(1, kernel.resident_clusters()))
+            grid = kernel.cluster * min(units, kernel.resident_clusters())
     kernel.launch(grid, a=a.data_ptr(), b=b.data_ptr(), offs=groups.tensor.data_ptr(),
                   out=out.data_ptr(), num_rows=rows, num_n=columns, num_k=depth, num_experts=experts,
                   row_tiles=row_tiles, column_tiles=column_tiles, masked_rows=groups.masked_rows,
