@@ -1,0 +1,86 @@
+"""The grouped GEMM's kernel forms against each other in one process: the built-in spec's, FP8's 128 x 256 tile
+(tests/specs/grouped_gemm_fp8_wide) and 2-block clusters sharing B tiles (tests/specs/grouped_gemm_cluster), each
+put ahead of the built-in spec in turn, ABBA over rounds, at issue 26's prefill shapes.
+
+    python3 tools/ab_grouped_gemm_forms.py [--rounds 2] [--tokens 4096,32768] [--routing balanced,zipf]
+
+Each JSON line: round, form, case, bf16 / fused SwiGLU+FP8 / FP8 TFLOP/s (bench/common.time_cuda, L2 flushed), and
+the largest difference of the form's results from the built-in form's (a form that computes the same products in
+the same order gives 0). Inputs are made once per shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from kgen import config
+from kgen.ops import grouped_gemm, grouped_gemm_swiglu, quantize_fp8_blockwise
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
+from bench_grouped_gemm import LAYERS, TOP_K, group_sizes  # noqa: E402
+from common import time_cuda  # noqa: E402
+from fp8_blocks import quantize_weights  # noqa: E402
+
+FORMS = {"built_in": None, "fp8_wide": ROOT / "tests" / "specs" / "grouped_gemm_fp8_wide",
+         "cluster": ROOT / "tests" / "specs" / "grouped_gemm_cluster"}
+
+
+def shape_inputs(experts: int, n: int, k: int, tokens: int, routing: str) -> dict:
+    rows = tokens * TOP_K
+    offs = group_sizes(rows, experts, routing, torch.Generator().manual_seed(0)).cumsum(0).to(torch.int32).cuda()
+    torch.manual_seed(0)
+    a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) / 64
+    a8, a_scale = quantize_fp8_blockwise(a)
+    b8, b_scale = quantize_weights(b)
+    return {"a": a, "b": b, "offs": offs, "a8": a8, "a_scale": a_scale, "b8": b8, "b_scale": b_scale,
+            "flops": 2 * rows * n * k}
+
+
+def measure(x: dict, gate_up: bool) -> tuple[dict, dict]:
+    """TFLOP/s of each call, and its results."""
+    calls = {"bf16": lambda: grouped_gemm(x["a"], x["b"], x["offs"]),
+             "fp8": lambda: grouped_gemm(x["a8"], x["b8"], x["offs"], a_scale=x["a_scale"], b_scale=x["b_scale"])}
+    if gate_up:  # b as stacked gate and up rows: the output has half the columns, the same FLOPs
+        calls["swiglu_fp8_out"] = lambda: grouped_gemm_swiglu(x["a"], x["b"], x["offs"], quantize_out=True)[0]
+    results = {name: call() for name, call in calls.items()}
+    speeds = {name: round(x["flops"] / time_cuda(call, warmup_ms=50, rep_ms=300) / 1e9, 1) for name, call in calls.items()}
+    return speeds, results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tokens", default="4096,32768")
+    parser.add_argument("--routing", default="balanced")
+    args = parser.parse_args()
+    for model, projection, experts, n, k in LAYERS:
+        for tokens in map(int, args.tokens.split(",")):
+            for routing in args.routing.split(","):
+                x = shape_inputs(experts, n, k, tokens, routing)
+                case = f"{model} {projection} {tokens} {routing}"
+                reference = None
+                for round_ in range(args.rounds):
+                    order = list(FORMS) if round_ % 2 == 0 else list(reversed(FORMS))
+                    for form in order:
+                        with config.overrides(KGEN_SPEC_PATH=FORMS[form] and str(FORMS[form])):
+                            speeds, results = measure(x, projection == "gate+up")
+                        if reference is None:
+                            reference = results if form == "built_in" else None
+                        differs = {name: float((results[name].float() - reference[name].float()).abs().nan_to_num(0).max())
+                                   for name in results} if reference is not None else {}
+                        print(json.dumps({"round": round_, "form": form, "case": case, **speeds, "max_diff": differs}),
+                              flush=True)
+                del x
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
