@@ -262,8 +262,12 @@ def test_grouped_gemm_sass_has_its_kernels_instructions_and_no_local_memory(name
     assert record.spills == 0
     text = sass_by_function(cubin, tmp_path)["grouped_gemm"]
     if params["dtype"] == "e4m3":
-        # FP8: one n128 k32 product per 32 bytes of K (a 256-column tile takes two), e4m3 from descriptors; TMA loads.
-        assert re.search(r"\bQGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[", text), f"{name}: no QGMMA 64x128x32 e4m3"
+        # FP8: one n128 k32 product per 32 bytes of K, e4m3; A from its descriptor, or in a tile of several 128-column
+        # blocks from registers (ldmatrix), loaded once for all of them; TMA loads.
+        wide = params["tile_n"] > 128
+        a_operand = r"R\d+, R\d+, gdesc\[" if wide else r"R\d+, gdesc\["
+        assert re.search(r"\bQGMMA\.64x128x32\.F32\.E4M3\.E4M3 " + a_operand, text), f"{name}: no QGMMA 64x128x32 e4m3"
+        assert bool(re.search(r"\bLDSM\.16\.M88\.4\b", text)) is wide, name
         assert re.search(r"\bUTMALDG\.3D\b", text) and not _CP_ASYNC.search(text), name
     elif params["mma"] == "wgmma":
         # One n256 product per k16 step (B's 256 rows: the column tile, or SwiGLU's gate and up), both operands

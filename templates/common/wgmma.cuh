@@ -1,11 +1,10 @@
 // Warpgroup matrix multiply-accumulate (wgmma, sm_90a): D[64 x N] (+)= A[64 x kWgmmaK] B[kWgmmaK x N],
-// fp32 accumulators; 16-bit inputs (k16), or FP8 e4m3 (k32). A comes from shared memory (SS form) or,
-// for 16-bit inputs, from registers (RS form); B always from shared memory, described by a 64-bit
-// matrix descriptor.
+// fp32 accumulators; 16-bit inputs (k16), or FP8 e4m3 (k32). A comes from shared memory (SS form) or
+// from registers (RS form); B always from shared memory, described by a 64-bit matrix descriptor.
 //
 // Needs common/numeric.cuh, common/host_contract.cuh and common/swizzle.cuh. Two Jinja variables,
 // which the includer passes in a `with` block around the include: `wgmma_widths` (the N values it
-// uses) and `wgmma_input` (bf16, f16, or e4m3: K-major operands and shared-memory A only). Each width
+// uses) and `wgmma_input` (bf16, f16, or e4m3: K-major operands only). Each width
 // gets its own asm, with one "+f" operand per accumulator, generated below.
 //
 // Accumulators are float[N / 8][4]: thread t of the warpgroup holds, for column block j,
@@ -86,7 +85,9 @@ template <int kN, int kTransB> __device__ void wgmma_rs(float (&d)[kN / 8][4], c
 {% macro accumulators(n) %}{% for i in range(n // 2) %}"+f"(d[{{ i // 4 }}][{{ i % 4 }}]){{ ", " if not loop.last }}{% endfor %}{% endmacro %}
 {% macro registers(first, count) %}{% for i in range(first, first + count) %}%{{ i }}{{ ", " if not loop.last }}{% endfor %}{% endmacro %}
 {% if wgmma_input == "e4m3" %}
-// FP8 (e4m3): k32 a product, both operands K-major (wgmma transposes 16-bit types only), A from shared memory.
+// FP8 (e4m3): k32 a product, both operands K-major (wgmma transposes 16-bit types only). An A fragment (RS form) is
+// four registers of four e4m3 values each, mma.sync m16n8k32's 8-bit A layout: rows g and g + 8 of the warp's 16
+// (g = lane / 4), K bytes 4 (lane % 4) .. + 3 and 16 more.
 constexpr int kWgmmaK = 32;
 {% for n in wgmma_widths %}
 
@@ -98,6 +99,16 @@ template <> __device__ __forceinline__ void wgmma_ss<{{ n }}, 0, 0>(
         "{ {{- registers(0, n // 2) -}} }, %{{ n // 2 }}, %{{ n // 2 + 1 }}, p, 1, 1;\n}\n"
         : {{ accumulators(n) }}
         : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+template <> __device__ __forceinline__ void wgmma_rs<{{ n }}, 0>(float (&d)[{{ n // 8 }}][4], const unsigned (&a)[4],
+                                                       unsigned long long b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ n // 2 + 5 }}, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n{{ n }}k32.f32.e4m3.e4m3 "
+        "{ {{- registers(0, n // 2) -}} }, { {{- registers(n // 2, 4) -}} }, %{{ n // 2 + 4 }}, p, 1, 1;\n}\n"
+        : {{ accumulators(n) }}
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
 }
 {% endfor %}
 {% else %}

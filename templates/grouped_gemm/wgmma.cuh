@@ -10,6 +10,7 @@
 // K past num_k and rows past the tensors load as zeros (TMA's out-of-bounds fill), so only N needs checks.
 // Needs kernel.cu.j2's variant constants and schedule.
 {% include "common/swizzle.cuh" %}
+{% include "common/mma.cuh" %}
 {% include "common/tma.cuh" %}
 {% with wgmma_widths = ([tile_n if epilogue == "none" else 2 * tile_n] + ([contract.sizes.scale_block] if dtype == "e4m3" else [])) | unique | list, wgmma_input = {"bf16": "bf16", "fp16": "f16", "e4m3": "e4m3"}[dtype] %}
 {% include "common/wgmma.cuh" %}
@@ -240,6 +241,17 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                     b_blocks[column_block] = in_n ? column_scales[column_block * (num_k / kScaleBlock)] : 0.f;
                 }
                 low_row_scales += a_scale_block_stride, high_row_scales += a_scale_block_stride, ++column_scales;
+                // Every column block's products take this warpgroup's 64 x 128 block of A: a tile of several loads it
+                // into registers once (ldmatrix from TMA's swizzled rows; matrix i of a k32 step is rows 8 (i % 2) and
+                // K bytes 16 (i / 2) on), where each block's shared-memory products would read it again.
+                [[maybe_unused]] unsigned a_fragments[kTileK / kgen::kWgmmaK][4];
+                if constexpr (kColumnBlocks > 1) {
+                    const int matrix = lane / 8, row = 16 * (warp % 4) + 8 * (matrix % 2) + lane % 8;
+#pragma unroll
+                    for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {
+                        kgen::ldmatrix_x4(a_fragments[kk], stage_a + row * kRowBytes + ((2 * kk + matrix / 2) ^ (row % 8)) * 16);
+                    }
+                }
 #pragma unroll
                 for (int column_block = 0; column_block < kColumnBlocks; ++column_block) {
                     float part[kScaleBlock / 8][4];
@@ -247,8 +259,9 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                     kgen::wgmma_fence();
 #pragma unroll
                     for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too
-                        kgen::wgmma_ss<kScaleBlock, 0>(part, a_descriptor + 2 * kk,
-                                                       b_descriptor + column_block * (kScaleBlock * kRowBytes / 16) + 2 * kk, kk > 0);
+                        const unsigned long long b_block = b_descriptor + column_block * (kScaleBlock * kRowBytes / 16) + 2 * kk;
+                        if constexpr (kColumnBlocks > 1) kgen::wgmma_rs<kScaleBlock, 0>(part, a_fragments[kk], b_block, kk > 0);
+                        else kgen::wgmma_ss<kScaleBlock, 0>(part, a_descriptor + 2 * kk, b_block, kk > 0);
                     }
                     kgen::wgmma_commit();
                     kgen::wgmma_wait<0>();
