@@ -84,45 +84,27 @@ template <int kN, int kTransB> __device__ void wgmma_rs(float (&d)[kN / 8][4], c
                                                           unsigned long long b, bool accumulate);
 {% macro accumulators(n) %}{% for i in range(n // 2) %}"+f"(d[{{ i // 4 }}][{{ i % 4 }}]){{ ", " if not loop.last }}{% endfor %}{% endmacro %}
 {% macro registers(first, count) %}{% for i in range(first, first + count) %}%{{ i }}{{ ", " if not loop.last }}{% endfor %}{% endmacro %}
-{% if wgmma_input == "e4m3" %}
+{% set fp8 = wgmma_input == "e4m3" %}
+{% if fp8 %}
 // FP8 (e4m3): k32 a product, both operands K-major (wgmma transposes 16-bit types only). An A fragment (RS form) is
 // four registers of four e4m3 values each, mma.sync m16n8k32's 8-bit A layout: rows g and g + 8 of the warp's 16
 // (g = lane / 4), K bytes 4 (lane % 4) .. + 3 and 16 more.
 constexpr int kWgmmaK = 32;
-{% for n in wgmma_widths %}
-
-template <> __device__ __forceinline__ void wgmma_ss<{{ n }}, 0, 0>(
-        float (&d)[{{ n // 8 }}][4], unsigned long long a, unsigned long long b, bool accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ n // 2 + 2 }}, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n{{ n }}k32.f32.e4m3.e4m3 "
-        "{ {{- registers(0, n // 2) -}} }, %{{ n // 2 }}, %{{ n // 2 + 1 }}, p, 1, 1;\n}\n"
-        : {{ accumulators(n) }}
-        : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
-}
-
-template <> __device__ __forceinline__ void wgmma_rs<{{ n }}, 0>(float (&d)[{{ n // 8 }}][4], const unsigned (&a)[4],
-                                                       unsigned long long b, bool accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ n // 2 + 5 }}, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n{{ n }}k32.f32.e4m3.e4m3 "
-        "{ {{- registers(0, n // 2) -}} }, { {{- registers(n // 2, 4) -}} }, %{{ n // 2 + 4 }}, p, 1, 1;\n}\n"
-        : {{ accumulators(n) }}
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
-}
-{% endfor %}
 {% else %}
 constexpr int kWgmmaK = 16;  // the reduction of one product
+{% endif %}
+{% set shape = "m64n{}k" ~ (32 if fp8 else 16) ~ ".f32." ~ wgmma_input ~ "." ~ wgmma_input %}
+{% set transposes = (0,) if fp8 else (0, 1) %}
 {% for n in wgmma_widths %}
-{% for trans_b in (0, 1) %}
-{% for trans_a in (0, 1) %}
+{% for trans_b in transposes %}
+{% for trans_a in transposes %}
 
 template <> __device__ __forceinline__ void wgmma_ss<{{ n }}, {{ trans_b }}, {{ trans_a }}>(
         float (&d)[{{ n // 8 }}][4], unsigned long long a, unsigned long long b, bool accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ n // 2 + 2 }}, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n{{ n }}k16.f32.{{ wgmma_input }}.{{ wgmma_input }} "
-        "{ {{- registers(0, n // 2) -}} }, %{{ n // 2 }}, %{{ n // 2 + 1 }}, p, 1, 1, {{ trans_a }}, {{ trans_b }};\n}\n"
+        "wgmma.mma_async.sync.aligned.{{ shape.format(n) }} "
+        "{ {{- registers(0, n // 2) -}} }, %{{ n // 2 }}, %{{ n // 2 + 1 }}, p, 1, 1{{ "" if fp8 else ", %d, %d" % (trans_a, trans_b) }};\n}\n"
         : {{ accumulators(n) }}
         : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
 }
@@ -132,13 +114,12 @@ template <> __device__ __forceinline__ void wgmma_rs<{{ n }}, {{ trans_b }}>(flo
                                                               unsigned long long b, bool accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %{{ n // 2 + 5 }}, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n{{ n }}k16.f32.{{ wgmma_input }}.{{ wgmma_input }} "
-        "{ {{- registers(0, n // 2) -}} }, { {{- registers(n // 2, 4) -}} }, %{{ n // 2 + 4 }}, p, 1, 1, {{ trans_b }};\n}\n"
+        "wgmma.mma_async.sync.aligned.{{ shape.format(n) }} "
+        "{ {{- registers(0, n // 2) -}} }, { {{- registers(n // 2, 4) -}} }, %{{ n // 2 + 4 }}, p, 1, 1{{ "" if fp8 else ", %d" % trans_b }};\n}\n"
         : {{ accumulators(n) }}
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
 }
 {% endfor %}
 {% endfor %}
-{% endif %}
 
 }  // namespace kgen
