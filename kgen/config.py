@@ -81,6 +81,11 @@ def user_cache_dir() -> Path:
     return base / "kgen"
 
 
+def spec_path_setting() -> str | None:
+    """``KGEN_SPEC_PATH`` as set, unparsed: what the registry compares to know whether its folders changed."""
+    return _get("KGEN_SPEC_PATH")
+
+
 def user_spec_dirs() -> list[Path]:
     """``KGEN_SPEC_PATH``: extra spec folders, ``os.pathsep``-separated, searched before the built-in one.
 
@@ -88,7 +93,7 @@ def user_spec_dirs() -> list[Path]:
     item that is missing or not a folder is a :class:`SettingError`, since a
     mistyped folder would otherwise drop its variants without a word.
     """
-    value = _get("KGEN_SPEC_PATH")
+    value = spec_path_setting()
     if not value:
         return []
     folders = []

@@ -346,10 +346,14 @@ def add_spec_path(folder: str | Path) -> None:
 
 
 def current() -> Registry:
-    """The registry for the current search path, rebuilt when the path changes."""
+    """The registry for the current search path, rebuilt when the path changes.
+
+    Cheap when nothing changed (ops ask on every call, through :class:`kgen.runtime.dispatch.SpecPathMemo`): the
+    folders added here and ``KGEN_SPEC_PATH`` as set are compared, and the folders are only resolved and checked
+    when they differ."""
     global _current, generation
-    dirs = tuple(spec_path())
-    if _current is None or _current[0] != dirs:
-        _current = (dirs, Registry(list(dirs)))
+    setting = (tuple(_extra_dirs), config.spec_path_setting())
+    if _current is None or _current[0] != setting:
+        _current = (setting, Registry(spec_path()))
         generation += 1
     return _current[1]

@@ -19,6 +19,7 @@ from kgen import config, registry
 from kgen.compiler import compile_cubin
 from kgen.registry import Registry, SpecPathError, UnsupportedVariantError
 from kgen.render import render
+from kgen.runtime.dispatch import SpecPathMemo
 from kgen.spec import SpecError, load_spec_file
 from kgen.spec_schema import MAX_VARIANTS
 
@@ -603,10 +604,24 @@ def test_switching_folders_keeps_one_registry_and_drops_the_old_ones(tmp_path):
         folder = make_folder(tmp_path, f"user{index}", {"extra_head_dims.yaml": USER_HEAD_DIM_80})
         with config.overrides(KGEN_SPEC_PATH=str(folder)):
             seen.append(weakref.ref(registry.current()))
-            assert registry._current[0] == (folder, config.BUILTIN_SPEC_DIR)
+            assert registry.spec_path() == [folder, config.BUILTIN_SPEC_DIR]
+            assert registry._current[0] == ((), str(folder))  # the setting it was built for
     gc.collect()
     assert all(ref() is None for ref in seen[:-1])  # the last may still be current until the next rebuild
     registry.current()
     gc.collect()
     assert seen[-1]() is None
     assert registry._extra_dirs == []  # KGEN_SPEC_PATH folders are never added to the module's list
+
+
+def test_a_dispatch_memo_is_emptied_by_a_new_spec_path_before_anything_asks_the_registry(user_folder):
+    """Ops look in their memos first: a memo must see a changed KGEN_SPEC_PATH by itself, or an op keeps
+    launching the variants of the path it was first called under."""
+    memo = SpecPathMemo()
+    memo.put(("key",), "from the built-in path")
+    assert memo.get(("key",)) == "from the built-in path"
+    with config.overrides(KGEN_SPEC_PATH=str(user_folder)):
+        assert memo.get(("key",)) is None
+        memo.put(("key",), "from the user path")
+        assert memo.get(("key",)) == "from the user path"
+    assert memo.get(("key",)) is None

@@ -6,6 +6,7 @@ import contextlib
 from typing import Any, Iterator
 
 import torch
+from cuda.core import Device
 
 from kgen import arch, config, jit, registry as registry_module
 from kgen.dtypes import ELEMENT_TYPES
@@ -73,6 +74,8 @@ def launcher(variant: Variant, entry: str, device_index: int) -> KernelLauncher:
     parameters of the variant's contract."""
     shape = contract(variant)
     with torch.cuda.device(device_index):
+        # The driver calls below need a current context, which torch makes only at its first allocation.
+        Device(device_index).set_current()
         kernel = jit.load(variant).kernel(entry)
         threads, dynamic_smem = shape.launch_shape(entry)
         made = KernelLauncher(kernel, device_index, threads, dynamic_smem, shape.parameters[entry],
@@ -145,14 +148,18 @@ class SpecPathMemo:
         self._entries: dict[tuple, Any] = {}
         self._generation = -1
 
-    def get(self, key: tuple):
+    def _entries_of_the_current_path(self) -> dict[tuple, Any]:
+        registry_module.current()  # rebuilds the registry, bumping its generation, if the spec path changed
         if self._generation != registry_module.generation:
             self._entries.clear()
             self._generation = registry_module.generation
-        return self._entries.get(key)
+        return self._entries
+
+    def get(self, key: tuple):
+        return self._entries_of_the_current_path().get(key)
 
     def put(self, key: tuple, value: Any) -> Any:
-        self._entries[key] = value
+        self._entries_of_the_current_path()[key] = value
         return value
 
 
