@@ -236,7 +236,7 @@ def test_decode_sass_is_mma_sync_with_its_loads_and_no_local_memory(name, tmp_pa
 
 
 #: The grouped GEMM's kernel forms beyond the built-in spec, as tests/grouped_gemm_kernels.py runs them on the GPU.
-GROUPED_GEMM_SPEC_FOLDERS = [Path(__file__).resolve().parent / "specs" / name for name in ("grouped_gemm_cluster", "grouped_gemm_fp8_wide")]
+GROUPED_GEMM_SPEC_FOLDERS = [Path(__file__).resolve().parent / "specs" / name for name in ("grouped_gemm_fp8_cluster", "grouped_gemm_fp8_narrow")]
 
 
 def _grouped_gemm_variants() -> dict[str, Variant]:

@@ -20,7 +20,7 @@ pytestmark = [
 
 import kgen.ops  # noqa: E402
 from grouped_gemm_kernels import fp8_spec_path  # noqa: E402,F401  (each test runs on every FP8 tile form)
-from kgen.runtime.dispatch import tile_pair_launchers  # noqa: E402
+from kgen.families.grouped_gemm import op as grouped_gemm_op  # noqa: E402
 from fp8_blocks import BLOCK, dequantized, quantize_rows, quantize_weights  # noqa: E402
 from test_grouped_gemm_gpu import groups_of  # noqa: E402
 
@@ -65,10 +65,12 @@ def make_case(sizes, spare, n, k, seed):
 
 
 def test_the_op_launches_the_tile_under_test(fp8_spec_path):
-    sizes, launchers = tile_pair_launchers("grouped_gemm", "grouped_gemm", torch.cuda.current_device(), "a",
-                                           dtype="e4m3", epilogue="none", mma="wgmma")
-    assert sizes["tile_n"] == (128 if fp8_spec_path == "built_in" else 256)
-    assert [launcher.cluster for launcher in launchers] == [2 if fp8_spec_path == "cluster" else 1] * 2
+    # The forms come from test spec folders and a patched cluster choice: one that silently ran the built-in kernel
+    # would test nothing.
+    for rows in (1, 1 << 20):
+        _, sizes, launchers = grouped_gemm_op.launchers(torch.cuda.current_device(), "e4m3", "none", 256, rows, 8, False)
+        assert sizes["tile_n"] == (128 if fp8_spec_path == "fp8_narrow" else 256)
+        assert [launcher.cluster for launcher in launchers] == [2 if fp8_spec_path == "fp8_cluster" else 1] * 2
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

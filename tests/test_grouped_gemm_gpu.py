@@ -18,7 +18,7 @@ pytestmark = [
 
 import kgen.ops  # noqa: E402
 from grouped_gemm_kernels import FORMS, kernel  # noqa: E402,F401  (each test runs on every kernel form)
-from kgen.runtime.dispatch import tile_pair_launchers  # noqa: E402
+from kgen.families.grouped_gemm import op as grouped_gemm_op  # noqa: E402
 
 DTYPES = {"bf16": (torch.bfloat16, 2.0 ** -8), "fp16": (torch.float16, 2.0 ** -11)}  # and their unit roundoff
 #: fp32 accumulation over K: a bound's share of sum_k |a b| (K at most a few hundred here).
@@ -57,10 +57,11 @@ def check(a, b, offs, out, poison_rows) -> None:
 
 
 def test_the_op_launches_the_form_under_test(kernel):
-    # Clusters come from the test spec folder alone: a form that silently ran the built-in kernel would test nothing.
-    _, launchers = tile_pair_launchers("grouped_gemm", "grouped_gemm", torch.cuda.current_device(), "a", dtype="bf16",
-                                       epilogue="none", mma=FORMS[kernel][0])
-    assert [launcher.cluster for launcher in launchers] == [2 if kernel == "wgmma_cluster" else 1] * 2
+    # A form that silently ran another kernel would test nothing.
+    for rows in (1, 1 << 20):
+        mma, _, launchers = grouped_gemm_op.launchers(torch.cuda.current_device(), "bf16", "none", 64, rows, 8, False)
+        assert mma == FORMS[kernel][0]
+        assert [launcher.cluster for launcher in launchers] == [2 if kernel == "wgmma_cluster" else 1] * 2
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -163,3 +163,20 @@ def test_the_op_takes_the_first_kernel_the_arch_runs(sm, epilogue, kernel):
 def test_an_arch_that_runs_no_kernel_is_refused_naming_the_tensor():
     with pytest.raises(UnsupportedVariantError, match="^a: no grouped_gemm variant .* runs on sm_80"):
         first_runnable(op.FAMILY, "mma", 80, "a", dtype="bf16", epilogue="swiglu_quantize")
+
+
+@pytest.mark.parametrize("dtype, epilogue, mma, offered", [
+    ("bf16", "none", "wgmma", (1, 2)), ("fp16", "swiglu_quantize", "wgmma", (1, 2)), ("e4m3", "none", "wgmma", (1,)),
+    ("bf16", "swiglu", "mma_sync", (1,)),
+])
+def test_the_built_in_spec_offers_clusters_to_the_16_bit_wgmma_kernels(dtype, epilogue, mma, offered):
+    assert op.offered_clusters(dtype, epilogue, mma) == offered
+
+
+@pytest.mark.parametrize("rows, experts, masked, cluster", [
+    (1024 * 8, 8, False, 2), (1024 * 8 - 1, 8, False, 1), (1 << 20, 8, True, 1), (0, 8, False, 1), (5000, 1, False, 2),
+])
+def test_clusters_run_where_the_experts_average_enough_rows(rows, experts, masked, cluster):
+    assert op.CLUSTER_ROWS_PER_EXPERT == 1024
+    assert op.cluster_size((1, 2), rows, experts, masked) == cluster
+    assert op.cluster_size((1,), rows, experts, masked) == 1

@@ -1,6 +1,7 @@
-"""The grouped GEMM's kernel forms against each other in one process: the built-in spec's, FP8's 128 x 256 tile
-(tests/specs/grouped_gemm_fp8_wide) and 2-block clusters sharing B tiles (tests/specs/grouped_gemm_cluster), each
-put ahead of the built-in spec in turn, ABBA over rounds, at issue 26's prefill shapes.
+"""The grouped GEMM's kernel forms against each other in one process, ABBA over rounds, at issue 26's prefill
+shapes: the op's own choice (built_in), single blocks and clusters of two sharing B tiles whatever the rows, and
+FP8's 128 x 128 tile (tests/specs/grouped_gemm_fp8_narrow) and its 128 x 256 tile in clusters
+(tests/specs/grouped_gemm_fp8_cluster), each folder put ahead of the built-in spec.
 
     python3 tools/ab_grouped_gemm_forms.py [--rounds 2] [--tokens 4096,32768] [--routing balanced,zipf]
 
@@ -12,6 +13,7 @@ the same order gives 0). Inputs are made once per shape.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -27,9 +29,20 @@ sys.path.insert(0, str(ROOT / "tests"))
 from bench_grouped_gemm import LAYERS, TOP_K, group_sizes  # noqa: E402
 from common import time_cuda  # noqa: E402
 from fp8_blocks import quantize_weights  # noqa: E402
+from grouped_gemm_kernels import taking_clusters  # noqa: E402
 
-FORMS = {"built_in": None, "fp8_wide": ROOT / "tests" / "specs" / "grouped_gemm_fp8_wide",
-         "cluster": ROOT / "tests" / "specs" / "grouped_gemm_cluster"}
+SPECS = ROOT / "tests" / "specs"
+#: Per form: the spec folder put ahead of the built-in one, and clusters taken (True), not (False), or by the op.
+FORMS = {"built_in": (None, None), "single_blocks": (None, False), "clusters": (None, True),
+         "fp8_narrow": (SPECS / "grouped_gemm_fp8_narrow", None), "fp8_cluster": (SPECS / "grouped_gemm_fp8_cluster", True)}
+
+
+@contextlib.contextmanager
+def taking(form: str):
+    spec_path, clusters = FORMS[form]
+    with config.overrides(KGEN_SPEC_PATH=spec_path and str(spec_path)), \
+            (contextlib.nullcontext() if clusters is None else taking_clusters(clusters)):
+        yield
 
 
 def shape_inputs(experts: int, n: int, k: int, tokens: int, routing: str) -> dict:
@@ -70,7 +83,7 @@ def main() -> None:
                 for round_ in range(args.rounds):
                     order = list(FORMS) if round_ % 2 == 0 else list(reversed(FORMS))
                     for form in order:
-                        with config.overrides(KGEN_SPEC_PATH=FORMS[form] and str(FORMS[form])):
+                        with taking(form):
                             speeds, results = measure(x, projection == "gate+up")
                         if reference is None:
                             reference = results if form == "built_in" else None

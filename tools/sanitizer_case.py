@@ -7,7 +7,7 @@ whole tiles), neighbours poisoned with NaN/Inf, a plan used with cu_seqlens past
 for the gated delta rule), decode attention (each load and tail policy, contiguous
 and paged, a request split and merged in the kernel), the gated delta rule's chunked forward (tails, a
 split sequence with its summaries and chain, both layouts, l2norm), its backward and decode step, both merge
-kernels, the FP8 block quantization and the grouped GEMMs (plain and SwiGLU, each kernel form: clustered and FP8 128 x 256 ones too). Named parts run alone:
+kernels, the FP8 block quantization and the grouped GEMMs (plain and SwiGLU, each kernel form: clustered and FP8 128 x 128 ones too). Named parts run alone:
 
     compute-sanitizer --tool racecheck --report-api-errors no python3 tools/sanitizer_case.py moe
 """
@@ -27,6 +27,8 @@ from kgen.ops import grouped_gemm, grouped_gemm_swiglu, quantize_fp8_blockwise
 
 #: The test spec folders of the grouped GEMM's other kernel forms.
 TEST_SPECS = Path(__file__).resolve().parents[1] / "tests" / "specs"
+sys.path.insert(0, str(TEST_SPECS.parent))
+from grouped_gemm_kernels import taking_clusters  # noqa: E402
 
 
 def attention_and_gated_delta_rule() -> None:
@@ -123,15 +125,17 @@ def moe() -> None:
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for rows in (301, 256):
             quantize_fp8_blockwise(torch.randn((rows, 640), device="cuda", dtype=dtype))
-    # As tests/grouped_gemm_kernels.py: the op takes each kernel form (a kernel, and a spec folder ahead of the
-    # built-in one: clusters of two blocks sharing B tiles, FP8's 128 x 256 tile).
-    for kernel, spec_path in (("wgmma", None), ("wgmma", TEST_SPECS / "grouped_gemm_cluster"), ("mma_sync", None)):
+    # As tests/grouped_gemm_kernels.py: the op takes each kernel form (a kernel, clusters of two blocks sharing B
+    # tiles or single blocks, and FP8's tiles from spec folders ahead of the built-in one).
+    for kernel, clusters in (("wgmma", False), ("wgmma", True), ("mma_sync", False)):
         with (mock.patch.object(grouped_gemm_op, "first_runnable", lambda *args, **kwargs: kernel),
-              config.overrides(KGEN_SPEC_PATH=spec_path and str(spec_path))):
+              taking_clusters(clusters)):
             grouped_gemms()
-    for spec_path in (None, TEST_SPECS / "grouped_gemm_fp8_wide", TEST_SPECS / "grouped_gemm_cluster"):
-        with config.overrides(KGEN_SPEC_PATH=spec_path and str(spec_path)):
+    for spec_path, clusters in ((None, False), (TEST_SPECS / "grouped_gemm_fp8_narrow", False),
+                                (TEST_SPECS / "grouped_gemm_fp8_cluster", True)):
+        with config.overrides(KGEN_SPEC_PATH=spec_path and str(spec_path)), taking_clusters(clusters):
             fp8_grouped_gemms()
+
 
 
 def fp8_grouped_gemms() -> None:

@@ -14,9 +14,14 @@ from kgen.families.quantize_fp8_blockwise.contract import BLOCK as QUANTIZE_BLOC
 from kgen.families.quantize_fp8_blockwise.op import new_results as new_fp8_results
 from kgen.runtime import tma
 from kgen.runtime.checks import check_dense_rows, check_no_overlap, check_shape, check_tensor
-from kgen.runtime.dispatch import DTYPE_NAMES, first_runnable, planning_sm, spec_dtypes, tile_pair_launchers
+from kgen import registry
+from kgen.runtime.dispatch import (DTYPE_NAMES, SpecPathMemo, first_runnable, planning_sm, spec_dtypes,
+                                   tile_pair_launchers)
 
 FAMILY = "grouped_gemm"
+#: Clusters of blocks sharing B tiles pay where the experts average at least this many rows: 4-8% faster in bf16
+#: at 1024 and 2048 rows an expert, up to 12% slower at 128 and 256 (bench/NOTES.md, twenty-ninth session).
+CLUSTER_ROWS_PER_EXPERT = 1024
 #: Rows and K move in 16-byte pieces, and the output in 2-element pairs.
 _K_MULTIPLE, _N_MULTIPLE = 8, 8
 _MAX_BLOCKS = 2**31 - 1  # the grid's x dimension
@@ -251,10 +256,9 @@ def _launch(epilogue: str, a, b, groups: Groups, out, **extra) -> None:
     rows = math.prod(a.shape[:-1])  # of a's 2-D view
     if rows == 0 or columns == 0 or experts == 0:
         return
-    device, dtype = a.get_device(), DTYPE_NAMES[a.dtype]
-    # K = 0 (zeros in the groups' rows) has no TMA map to make: the mma_sync kernel, which runs anywhere, takes it.
-    mma = first_runnable(FAMILY, "mma", planning_sm(device), "a", dtype=dtype, epilogue=epilogue) if depth else "mma_sync"
-    sizes, (incomplete, full) = tile_pair_launchers(FAMILY, FAMILY, device, "a", dtype=dtype, epilogue=epilogue, mma=mma)
+    device = a.get_device()
+    mma, sizes, (incomplete, full) = launchers(device, DTYPE_NAMES[a.dtype], epilogue, depth, rows, experts,
+                                               bool(groups.masked_rows))
     tile_m = sizes["tile_m"]
     if groups.masked_rows:  # a fixed number of row tiles per expert
         row_tiles = experts * -(-groups.masked_rows // tile_m)
@@ -276,6 +280,37 @@ def _launch(epilogue: str, a, b, groups: Groups, out, **extra) -> None:
                   out=out.data_ptr(), num_rows=rows, num_n=columns, num_k=depth, num_experts=experts,
                   row_tiles=row_tiles, column_tiles=column_tiles, masked_rows=groups.masked_rows,
                   **{"a_scale": 0, "a_scale_row_stride": 0, "a_scale_block_stride": 0, "b_scale": 0, **extra})  # FP8 only
+
+
+def launchers(device: int, dtype: str, epilogue: str, depth: int, rows: int, experts: int, masked: bool):
+    """The kernel (``mma``) a call takes, its variants' contract sizes and (any tiles, full tiles) launchers."""
+    # K = 0 (zeros in the groups' rows) has no TMA map to make: the mma_sync kernel, which runs anywhere, takes it.
+    mma = first_runnable(FAMILY, "mma", planning_sm(device), "a", dtype=dtype, epilogue=epilogue) if depth else "mma_sync"
+    cluster = cluster_size(offered_clusters(dtype, epilogue, mma), rows, experts, masked)
+    return mma, *tile_pair_launchers(FAMILY, FAMILY, device, "a", dtype=dtype, epilogue=epilogue, mma=mma,
+                                     cluster=cluster)
+
+
+def cluster_size(offered: tuple[int, ...], rows: int, experts: int, masked: bool) -> int:
+    """The blocks per cluster for a call, of those the spec path offers (sorted): the most where the experts average
+    :data:`CLUSTER_ROWS_PER_EXPERT` rows or more, else the fewest. The masked layout (decode) takes the fewest:
+    one row tile an expert shares no B tile."""
+    if not offered:  # no variant for the request: the variant lookup refuses it, naming the argument
+        return 1
+    return offered[-1] if not masked and rows >= CLUSTER_ROWS_PER_EXPERT * experts else offered[0]
+
+
+def offered_clusters(dtype: str, epilogue: str, mma: str) -> tuple[int, ...]:
+    """The cluster sizes the spec path offers for the kernel, sorted."""
+    key = (dtype, epilogue, mma)
+    found = _offered_clusters.get(key)
+    if found is None:
+        values = registry.current().family(FAMILY).supported("cluster", dtype=dtype, epilogue=epilogue, mma=mma)
+        found = _offered_clusters.put(key, tuple(values))
+    return found
+
+
+_offered_clusters = SpecPathMemo()
 
 
 @functools.cache
