@@ -5,8 +5,11 @@ shape and gate regime, the boundary sweep's kgen, FlashQLA and fla times over L,
 a device copy and fla),
 from bench_gdn_chunk.json, bench_gdn_sweep.json and bench_gdn_step.json. bench_attention_decode.png:
 decode attention's TB/s per shape for kgen (contiguous, paged 16 and 64), cuDNN, flash and a device
-copy, from bench_attention_decode.json. Each figure is drawn from the files that exist. Needs
-matplotlib (the GPU machine has it).
+copy, from bench_attention_decode.json. bench_grouped_gemm.png: the MoE grouped GEMM per prefill shape (kgen's bf16
+TFLOP/s against torch's grouped GEMM and a dense cuBLAS GEMM of the same FLOPs, kgen's FP8 against torch's scaled
+grouped GEMM and the 1000 TFLOP/s bar, the fused SwiGLU+FP8 / unfused time) and the decode time over the selected
+weights at copy bandwidth, from bench_grouped_gemm.json. Each figure is drawn from the files that exist, each panel
+from the rows that have its key. Needs matplotlib (the GPU machine has it).
 
     python3 bench/plots.py DIR
 """
@@ -87,9 +90,68 @@ def decode_panel(ax, decode: list[dict]) -> None:
     ax.legend(fontsize=7)
 
 
+def case_label(row: dict) -> str:
+    """A grouped GEMM row's model, projection, tokens and routing (or decode tokens), short enough for a tick."""
+    return row["case"].replace(" tokens", "").replace(" decode", "").replace(" (masked)", "")
+
+
+def tflops_bars(ax, shapes: list[dict], series: list[tuple[str, str]]) -> None:
+    width = 0.8 / len(series)
+    for i, (key, label) in enumerate(series):
+        ax.bar([x + i * width for x in range(len(shapes))], [row.get(key) or float("nan") for row in shapes], width,
+               label=label)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))], [case_label(row) for row in shapes],
+                  rotation=40, ha="right", fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.margins(y=0.2)  # room above the bars for the legend
+
+
+def ratio_bars(ax, shapes: list[dict], key: str, bar: float, bar_label: str) -> None:
+    bars = ax.bar(range(len(shapes)), [row.get(key) or float("nan") for row in shapes], width=0.6, label="kgen")
+    ax.bar_label(bars, fmt="%.3f", fontsize=7)  # the ratios sit within a few percent of the bar
+    ax.axhline(bar, color="red", linewidth=1, label=bar_label)
+    ax.set_xticks(range(len(shapes)), [case_label(row) for row in shapes], rotation=40, ha="right", fontsize=7)
+    ax.set_ylabel("time ratio")
+    ax.margins(y=0.2)
+    ax.legend(fontsize=8, loc="upper left", ncols=2)
+
+
+def grouped_bf16_panel(ax, prefill: list[dict]) -> None:
+    series = [("kgen_tflops", "kgen"), ("torch_tflops", "torch grouped_mm")]
+    # Older runs lack the dense column; it reads one expert's weights, so it is a roofline only where compute bounds.
+    if any("dense_tflops" in row for row in prefill):
+        series.append(("dense_tflops", "dense cuBLAS mm, same FLOPs"))
+    tflops_bars(ax, prefill, series)
+    ax.set_title("grouped GEMM bf16, top-8")
+    ax.legend(fontsize=7, loc="upper left", ncols=3)
+
+
+def grouped_fp8_panel(ax, prefill: list[dict]) -> None:
+    tflops_bars(ax, prefill, [("fp8_tflops", "kgen FP8 (block scales)"), ("scaled_tflops", "torch _scaled_grouped_mm")])
+    ax.axhline(1000, color="red", linewidth=1, label="bar 1000 TFLOP/s (issue 26)")
+    ax.set_title("grouped GEMM FP8, top-8")
+    ax.legend(fontsize=7, loc="upper left", ncols=3)
+
+
+def swiglu_panel(ax, gate_up: list[dict]) -> None:
+    ratio_bars(ax, gate_up, "fused_over_unfused", 0.85, "bar 0.85")
+    ax.set_title("gate+up: fused SwiGLU+FP8 / unfused time")
+
+
+def grouped_decode_panel(ax, decode: list[dict]) -> None:
+    ratio_bars(ax, decode, "over_floor", 1.10, "bar 1.10")
+    ax.set_title("decode, masked (tokens): time / selected weights at copy bandwidth")
+
+
+# A figure's panels: (panel, results file, the key a row needs to be drawn in it, None for every row).
 FIGURES = {
-    "bench_gdn": [(chunk_panel, "bench_gdn_chunk"), (sweep_panel, "bench_gdn_sweep"), (step_panel, "bench_gdn_step")],
-    "bench_attention_decode": [(decode_panel, "bench_attention_decode")],
+    "bench_gdn": [(chunk_panel, "bench_gdn_chunk", None), (sweep_panel, "bench_gdn_sweep", None),
+                  (step_panel, "bench_gdn_step", None)],
+    "bench_attention_decode": [(decode_panel, "bench_attention_decode", None)],
+    "bench_grouped_gemm": [(grouped_bf16_panel, "bench_grouped_gemm", "kgen_tflops"),
+                           (grouped_fp8_panel, "bench_grouped_gemm", "fp8_tflops"),
+                           (swiglu_panel, "bench_grouped_gemm", "fused_over_unfused"),
+                           (grouped_decode_panel, "bench_grouped_gemm", "over_floor")],
 }
 
 
@@ -100,13 +162,19 @@ def main(argv: list[str]) -> int:
     folder = Path(argv[0])
     drawn = 0
     for figure, wanted in FIGURES.items():
-        panels = [(panel, data) for panel, name in wanted if (data := rows(folder, name))]
+        panels = [(panel, data) for panel, name, key in wanted
+                  if (data := [row for row in rows(folder, name) if key is None or key in row])]
         if not panels:
             continue
-        fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels) + 2 * (figure != "bench_gdn"), 4.8),
-                                 squeeze=False)
-        for ax, (panel, data) in zip(axes[0], panels):
+        # Up to three panels a row, as even as the rows can be (four as two by two).
+        rows_of_panels = -(-len(panels) // 3)
+        columns = -(-len(panels) // rows_of_panels)
+        fig, axes = plt.subplots(rows_of_panels, columns, squeeze=False,
+                                 figsize=(6 * columns + 2 * (figure != "bench_gdn"), 4.8 * rows_of_panels))
+        for ax, (panel, data) in zip(axes.flat, panels):
             panel(ax, data)
+        for ax in axes.flat[len(panels):]:
+            ax.set_visible(False)
         fig.tight_layout()
         fig.savefig(folder / f"{figure}.png", dpi=110)
         plt.close(fig)
