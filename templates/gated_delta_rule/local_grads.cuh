@@ -153,41 +153,15 @@ struct LocalGrads {
         __syncthreads();
     }
 
-    // d_gamma[i] += sum_j M_ij - sum_j M_ji of a 64x64 fp32 scratch matrix (the gradient of exponents G_i - G_j):
-    // four lanes a row, each over a quarter of j, then across the four in a fixed order.
+    // d_gamma[i] += sum_j M_ij - sum_j M_ji of a 64x64 fp32 scratch matrix (the gradient of exponents G_i - G_j).
     __device__ static __forceinline__ void add_exponent_sums(Shared& smem, const float* m) {
-        static_assert(kThreads == 4 * kChunk, "add_exponent_sums: four threads a row");
-        const int i = threadIdx.x / 4, j0 = (threadIdx.x % 4) * (kChunk / 4);
-        float sum = 0.f;
-#pragma unroll 4
-        for (int j = j0; j < j0 + kChunk / 4; ++j) sum += m[i * kSquareF + j] - m[j * kSquareF + i];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (threadIdx.x % 4 == 0) smem.d_gamma[i] += sum;
-        __syncthreads();
-    }
-
-    // The inclusive prefix sums of x[0..64) (or suffix sums, kFromEnd) by one warp, two elements a lane, in place.
-    template <bool kFromEnd>
-    __device__ static __forceinline__ void warp_scan(float* x) {
-        const int lane = threadIdx.x % 32;
-        const int first = kFromEnd ? kChunk - 2 - 2 * lane : 2 * lane;  // the lane's pair, in scan order
-        const float a = x[kFromEnd ? first + 1 : first], b = x[kFromEnd ? first : first + 1];
-        float running = a + b;
-#pragma unroll
-        for (int offset = 1; offset < 32; offset *= 2) {
-            const float before = __shfl_up_sync(0xffffffffu, running, offset);
-            if (lane >= offset) running += before;
+        if (threadIdx.x < kChunk) {
+            const int i = threadIdx.x;
+            float sum = 0.f;
+            for (int j = 0; j < kChunk; ++j) sum += m[i * kSquareF + j] - m[j * kSquareF + i];
+            smem.d_gamma[i] += sum;
         }
-        x[kFromEnd ? first : first + 1] = running;
-        x[kFromEnd ? first + 1 : first] = running - b;
-    }
-
-    // The sum of x over a warp's lanes.
-    __device__ static __forceinline__ float warp_sum(float x) {
-#pragma unroll
-        for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-        return x;
+        __syncthreads();
     }
 
     // Rows [0, valid) of a [64][kCols] global matrix (row stride in elements) into a padded tile by cp.async, the
@@ -218,18 +192,13 @@ struct LocalGrads {
         const long long qk_stride = num_heads * kHeadDim, v_stride = static_cast<long long>(heads_v) * kHeadDim;
         const long long state_offset = (static_cast<long long>(chunk) * heads_v + head_v) * kHeadDim * kHeadDim;
 
-        // Four groups of loads in the order the products first read them, each waited for just before: the first
-        // products run while the rest arrive (one block an SM: nothing else would hide the loads).
-        load<kHeadDim>(smem.k, kWide, k + token * qk_stride + head * kHeadDim, qk_stride, valid);
         load<kHeadDim>(smem.q, kWide, q + token * qk_stride + head * kHeadDim, qk_stride, valid);
-        cp_async_commit();
-        load<kChunk>(smem.tbeta, kSquare, tbeta + (static_cast<long long>(chunk) * heads_v + head_v) * kChunk * kChunk, kChunk, kChunk);
-        cp_async_commit();
-        load<kHeadDim, kStateRows>(smem.state, kWide, states + state_offset, kHeadDim, kStateRows);
+        load<kHeadDim>(smem.k, kWide, k + token * qk_stride + head * kHeadDim, qk_stride, valid);
         load<kHeadDim>(smem.v, kWide, v + token * v_stride + head_v * kHeadDim, v_stride, valid);
-        cp_async_commit();
-        load<kHeadDim, kStateRows>(smem.d_state, kWide, d_states + state_offset, kHeadDim, kStateRows);
         load<kHeadDim>(smem.d_out, kWide, d_out + token * v_stride + head_v * kHeadDim, v_stride, valid);
+        load<kHeadDim, kStateRows>(smem.state, kWide, states + state_offset, kHeadDim, kStateRows);
+        load<kHeadDim, kStateRows>(smem.d_state, kWide, d_states + state_offset, kHeadDim, kStateRows);
+        load<kChunk>(smem.tbeta, kSquare, tbeta + (static_cast<long long>(chunk) * heads_v + head_v) * kChunk * kChunk, kChunk, kChunk);
         cp_async_commit();
         if (threadIdx.x < kChunk) {
             const int i = threadIdx.x;
@@ -241,8 +210,11 @@ struct LocalGrads {
             smem.d_gamma[i] = smem.d_beta[i] = smem.via_kd[i] = smem.via_kb[i] = 0.f;
         }
         __syncthreads();
-        if (threadIdx.x < 32) warp_scan<false>(smem.gamma);
-        cp_async_wait<3>();  // K and Q
+        if (threadIdx.x == 0) {
+            float running = 0.f;
+            for (int i = 0; i < kChunk; ++i) running += smem.gamma[i], smem.gamma[i] = running;
+        }
+        cp_async_wait<0>();
         __syncthreads();
         const float gamma_last = smem.gamma[kChunk - 1];
         const bool row_inside[2] = {!kHasIncompleteTile || row_of<kChunk>(0) < valid, !kHasIncompleteTile || row_of<kChunk>(2) < valid};
@@ -265,7 +237,6 @@ struct LocalGrads {
             each<kChunk>(qk, [&](int i, int j, float x) { return at_f(smem.square1, i, j) = x * decay(i, j); });
             store<kChunk>(smem.t, kSquare, kk);
         }
-        cp_async_wait<2>();  // Tbeta
         __syncthreads();
         // T = I - Tbeta L, into L's tile.
         {
@@ -275,8 +246,6 @@ struct LocalGrads {
             __syncthreads();  // L's 16-bit copy is read no more
             store<kChunk>(smem.t, kSquare, t);
         }
-        cp_async_wait<1>();  // S^T and V
-        __syncthreads();
         // Z = V - diag(e^G) K S (in wide0), then Vn = Tbeta Z (in wide1).
         {
             float z[kHeadDim / 16][4];
@@ -296,7 +265,6 @@ struct LocalGrads {
             const int i = x / kChunk, j = x % kChunk;
             smem.wide0[i * kWide + j] = from_f32<T>(at_f(smem.square1, i, j));
         }
-        cp_async_wait<0>();  // dS'^T and dO
         __syncthreads();
         // dVn = diag(e^{G_L - G}) K dS' + scale P^T dO (in wide0).
         {
@@ -352,11 +320,11 @@ struct LocalGrads {
             for (int offset = 16; offset > 0; offset /= 2) own += __shfl_xor_sync(0xffffffffu, own, offset);
             if (threadIdx.x % 32 == 0) smem.block_part[threadIdx.x / 32] = own;
             __syncthreads();  // also: dqk and Vn are read no more
-            if (threadIdx.x < 32) {
-                const int lane = threadIdx.x;
-                const float states = warp_sum(lane < kWarps ? smem.block_part[lane] : 0.f);
-                const float via = warp_sum(smem.via_kd[lane] + smem.via_kd[lane + 32]);
-                if (lane == 0) smem.d_gamma[kChunk - 1] += via + __expf(gamma_last) * states;
+            if (threadIdx.x == 0) {
+                float states = 0.f, via = 0.f;
+                for (int w = 0; w < kWarps; ++w) states += smem.block_part[w];
+                for (int i = 0; i < kChunk; ++i) via += smem.via_kd[i];
+                smem.d_gamma[kChunk - 1] += via + __expf(gamma_last) * states;
             }
             __syncthreads();
             if (threadIdx.x < kChunk) smem.d_gamma[threadIdx.x] -= smem.via_kd[threadIdx.x];
@@ -440,9 +408,13 @@ struct LocalGrads {
             }
         }
         // dg: the in-chunk reverse cumsum of dG; dbeta.
-        if (threadIdx.x < kChunk) smem.d_gamma[threadIdx.x] += smem.beta[threadIdx.x] * smem.via_kb[threadIdx.x];
-        __syncthreads();
-        if (threadIdx.x < 32) warp_scan<true>(smem.d_gamma);
+        if (threadIdx.x == 0) {
+            float running = 0.f;
+            for (int i = kChunk - 1; i >= 0; --i) {
+                running += smem.d_gamma[i] + smem.beta[i] * smem.via_kb[i];
+                smem.d_gamma[i] = running;
+            }
+        }
         __syncthreads();
         if (threadIdx.x < kChunk && (!kHasIncompleteTile || static_cast<int>(threadIdx.x) < valid)) {
             const int i = threadIdx.x;
