@@ -4,15 +4,17 @@
 // and Tbeta (from gated_delta_rule_kkt), with T = I - Tbeta StrictLower(K K^T * D) (since T (I + A) = I).
 // Writes dq and dk per v-head (fp32; the host sums a GVA group's), dv, dg and dbeta of the chunk's tokens.
 //
-// Every operand is a 16-bit shared-memory tile in plain row-major order, rows padded by 16 bytes so that the
-// eight rows an ldmatrix reads start on distinct banks; every product is `product`, mma.sync over one such pair
-// (either side read transposed), its result in registers: the 8 warps split the 64 rows in four and the columns
-// in two. fp32 matrices the whole block reads (the masks' sums) go through fp32 scratch tiles. Sums over a row
-// are made in a fixed order (no atomics), so the gradients are deterministic. Rows past the sequence are zero
-// in q, k, v and dO, their gates and betas zero, and nothing is written for them.
+// Every operand is a 16-bit shared-memory tile in wgmma's 64-byte swizzled layout (common/swizzle.cuh: spans of
+// 32 columns, so that a warpgroup's half of a 64-column product is whole spans); every product is `product`, a
+// wgmma over one such pair (either side read transposed), its result in registers: the two warpgroups take the
+// 64 rows each, and a column half each. (It ran on mma.sync until the twenty-ninth session: ncu found it
+// latency-bound at 16% of the tensor pipe, each B fragment loaded by the four warps of a column half.) fp32
+// matrices the whole block reads (the masks' sums) go through fp32 scratch tiles. Sums over a row are made in a
+// fixed order (no atomics), so the gradients are deterministic. Rows past the sequence are zero in q, k, v and
+// dO, their gates and betas zero, and nothing is written for them.
 //
-// Config as for recurrence.cuh (T, kHeadDim, kHasIncompleteTile). Needs common/ numeric, smem, mma and cp_async;
-// gated_delta_rule/tiles.cuh (kChunk).
+// Config as for recurrence.cuh (T, kHeadDim, kHasIncompleteTile). Needs common/ numeric, smem, swizzle, cp_async,
+// tma (the proxy fence) and wgmma (widths 32 and 64 at head dim 64 or 128); gated_delta_rule/tiles.cuh (kChunk).
 namespace kgen {
 namespace gdn {
 
@@ -22,16 +24,18 @@ struct LocalGrads {
     static constexpr int kHeadDim = Config::kHeadDim;
     static constexpr bool kHasIncompleteTile = Config::kHasIncompleteTile;
     static constexpr int kThreads = 256, kWarps = kThreads / 32;
-    static constexpr int kWide = kHeadDim + 8, kSquare = kChunk + 8, kStateRows = kHeadDim;  // padded strides
+    static constexpr int kStateRows = kHeadDim;
     static constexpr int kSquareF = kChunk + 4;  // fp32 scratch stride
+    static constexpr int kSpanBytes = 64, kSpanCols = kSpanBytes / 2;  // the tiles' swizzle
 
+    // Tiles first, each a whole number of swizzle repeats from a 1024-byte aligned base.
     struct Shared {
-        T q[kChunk * kWide], k[kChunk * kWide], v[kChunk * kWide], d_out[kChunk * kWide];
-        T state[kStateRows * kWide], d_state[kStateRows * kWide];  // S^T and dS'^T, [value][key]
-        T tbeta[kChunk * kSquare];   // Tbeta; later dqk, then dt, then dkk + dkk^T
-        T t[kChunk * kSquare];       // L (16-bit) for T, then T
-        T wide0[kChunk * kWide];     // Z, then P (first 64 columns), then dVn
-        T wide1[kChunk * kWide];     // Vn, then dw
+        T q[kChunk * kHeadDim], k[kChunk * kHeadDim], v[kChunk * kHeadDim], d_out[kChunk * kHeadDim];
+        T state[kStateRows * kHeadDim], d_state[kStateRows * kHeadDim];  // S^T and dS'^T, [value][key]
+        T tbeta[kChunk * kChunk];    // Tbeta; later dqk, then dt, then dkk + dkk^T
+        T t[kChunk * kChunk];        // L (16-bit) for T, then T
+        T wide0[kChunk * kHeadDim];  // Z, then P (first 64 columns), then dVn
+        T wide1[kChunk * kHeadDim];  // Vn, then dw
         float square0[kChunk * kSquareF];  // L = StrictLower(K K^T * D), then dkk
         float square1[kChunk * kSquareF];  // K K^T and Q K^T, then P = Q K^T * D, then dP * P, then dA * A
         float gamma[kChunk], beta[kChunk];
@@ -40,39 +44,52 @@ struct LocalGrads {
         float via_kd[kChunk], via_kb[kChunk];  // Kd . dKd and e^G k . dKb, row by row
         float block_part[kWarps];
     };
-    static constexpr int kDynamicSmemBytes = sizeof(Shared) + 16;
+    static constexpr int kDynamicSmemBytes = sizeof(Shared) + kSwizzleAlignment;
     static_assert(kDynamicSmemBytes <= 227 * 1024, "gated_delta_rule_chunk_grads: shared memory over 227 KB");
 
-    // The warp's rows [16 (warp % 4), +16) and columns [half * kN / 2, +kN / 2) of op(A) op(B), A [64][kK] (or
-    // stored [kK][64] when kATransposed) and B [kK][kN] (kBKN) or stored [kN][kK]; strides in elements.
-    template <int kN, int kK, bool kATransposed, bool kBKN>
-    __device__ static __forceinline__ void product(float (&acc)[kN / 16][4], const T* a, int a_stride, const T* b,
-                                                   int b_stride) {
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        const int m0 = 16 * (warp % 4), n_base = (warp / 4) * (kN / 2);
+    // Where element (row, col) of a tile of kRows rows lies, in elements.
+    template <int kRows>
+    __device__ static __forceinline__ int at(int row, int col) { return kgen::swizzled<kSpanBytes, kRows, 2, 2>(row, col); }
+
+    // wgmma's descriptors of the tiles: 8 rows of a span are 512 bytes apart; along the contiguous dimension of
+    // an MN-major operand, spans are `span_stride` bytes apart.
+    __device__ static __forceinline__ unsigned long long k_major(unsigned address) {
+        return smem_descriptor(address, 16, 8 * kSpanBytes, Swizzle::k64B);
+    }
+    __device__ static __forceinline__ unsigned long long mn_major(unsigned address, unsigned span_stride) {
+        return smem_descriptor(address, span_stride, 8 * kSpanBytes, Swizzle::k64B);
+    }
+
+    // Generic-proxy writes to shared memory (stores, cp.async) made visible to the tensor core's reads, then the
+    // block's barrier: every barrier here precedes a product that may read what was written before it.
+    __device__ static __forceinline__ void barrier() {
+        fence_proxy_async_shared();
+        __syncthreads();
+    }
+
+    // The warpgroup's columns [half * kN / 2, +kN / 2) of all 64 rows of op(A) op(B): A a [64][kK] tile (or stored
+    // [kK][64] when kATransposed), B a [kK][kN] tile (kBKN) or stored [kN][kK]. Accumulators as wgmma's (the
+    // mma.sync fragment layout, warp w of a warpgroup on rows 16 w ..); kAccumulate adds the product to them.
+    template <int kN, int kK, bool kATransposed, bool kBKN, bool kAccumulate = false>
+    __device__ static __forceinline__ void product(float (&acc)[kN / 16][4], const T* a, const T* b) {
+        constexpr int kHalf = kN / 2;
+        static_assert(kHalf % kSpanCols == 0 && kK % 16 == 0, "product: a warpgroup's columns are whole spans");
+        const int n_base = (threadIdx.x / 128) * kHalf;
+        const unsigned a_base = smem_addr(a), b_base = smem_addr(b);
+        wgmma_fence();
 #pragma unroll
-        for (int n = 0; n < kN / 16; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-#pragma unroll 2
         for (int k0 = 0; k0 < kK; k0 += 16) {
-            unsigned a_frag[4];
-            if (kATransposed) {
-                ldmatrix_x4_trans(a_frag, smem_addr(a + (k0 + lane % 8 + (lane / 16) * 8) * a_stride + m0 + ((lane / 8) % 2) * 8));
-            } else {
-                ldmatrix_x4(a_frag, smem_addr(a + (m0 + lane % 16) * a_stride + k0 + (lane / 16) * 8));
-            }
-#pragma unroll
-            for (int np = 0; np < kN / 32; ++np) {
-                const int n0 = n_base + 16 * np;
-                unsigned b_frag[4];
-                if (kBKN) {
-                    ldmatrix_x4_trans(b_frag, smem_addr(b + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * b_stride + n0 + (lane / 16) * 8));
-                } else {
-                    ldmatrix_x4(b_frag, smem_addr(b + (n0 + lane % 8 + (lane / 16) * 8) * b_stride + k0 + ((lane / 8) % 2) * 8));
-                }
-                mma_16816<T>(acc[2 * np], a_frag, b_frag[0], b_frag[1]);
-                mma_16816<T>(acc[2 * np + 1], a_frag, b_frag[2], b_frag[3]);
-            }
+            const unsigned long long a_desc =
+                kATransposed ? mn_major(a_base + k0 * kSpanBytes, kK * kSpanBytes)
+                             : k_major(a_base + (k0 / kSpanCols) * (kChunk * kSpanBytes) + (k0 % kSpanCols) * 2);
+            const unsigned long long b_desc =
+                kBKN ? mn_major(b_base + (n_base / kSpanCols) * (kK * kSpanBytes) + k0 * kSpanBytes, kK * kSpanBytes)
+                     : k_major(b_base + (k0 / kSpanCols) * (kN * kSpanBytes) + n_base * kSpanBytes + (k0 % kSpanCols) * 2);
+            wgmma_ss<kHalf, kBKN ? 1 : 0, kATransposed ? 1 : 0>(acc, a_desc, b_desc, kAccumulate || k0 > 0);
         }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operands(acc);
     }
 
     // Row and column of accumulator element (n, e) of a product kN wide.
@@ -93,14 +110,14 @@ struct LocalGrads {
         }
     }
 
-    // A product's results into a 16-bit tile (stride in elements).
+    // A product's results into a 16-bit tile of 64 rows.
     template <int kN>
-    __device__ static __forceinline__ void store(T* tile, int stride, const float (&acc)[kN / 16][4]) {
+    __device__ static __forceinline__ void store(T* tile, const float (&acc)[kN / 16][4]) {
 #pragma unroll
         for (int n = 0; n < kN / 16; ++n) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-                *reinterpret_cast<unsigned*>(tile + row_of<kN>(2 * half) * stride + column_of<kN>(n, 0)) =
+                *reinterpret_cast<unsigned*>(tile + at<kChunk>(row_of<kN>(2 * half), column_of<kN>(n, 0))) =
                     pack2<T>(acc[n][2 * half], acc[n][2 * half + 1]);
             }
         }
@@ -148,9 +165,9 @@ struct LocalGrads {
             part[half] += __shfl_xor_sync(0xffffffffu, part[half], 2);
             if (threadIdx.x % 4 == 0) smem.row_part[threadIdx.x / 128][row_of<kN>(2 * half)] = part[half];
         }
-        __syncthreads();
+        barrier();
         if (threadIdx.x < kChunk) sums[threadIdx.x] += smem.row_part[0][threadIdx.x] + smem.row_part[1][threadIdx.x];
-        __syncthreads();
+        barrier();
     }
 
     // d_gamma[i] += sum_j M_ij - sum_j M_ji of a 64x64 fp32 scratch matrix (the gradient of exponents G_i - G_j).
@@ -161,18 +178,18 @@ struct LocalGrads {
             for (int j = 0; j < kChunk; ++j) sum += m[i * kSquareF + j] - m[j * kSquareF + i];
             smem.d_gamma[i] += sum;
         }
-        __syncthreads();
+        barrier();
     }
 
-    // Rows [0, valid) of a [64][kCols] global matrix (row stride in elements) into a padded tile by cp.async, the
+    // Rows [0, valid) of a [kRows][kCols] global matrix (row stride in elements) into a tile by cp.async, the
     // rest zero-filled and never read.
     template <int kCols, int kRows = kChunk>
-    __device__ static __forceinline__ void load(T* tile, int stride_tile, const T* src, long long stride, int valid) {
+    __device__ static __forceinline__ void load(T* tile, const T* src, long long stride, int valid) {
         constexpr int kPieces = kRows * kCols / 8;
         for (int i = threadIdx.x; i < kPieces; i += kThreads) {
             const int row = i / (kCols / 8), col = (i % (kCols / 8)) * 8;
             const bool inside = row < valid;
-            cp_async_16_zfill(smem_addr(tile + row * stride_tile + col), src + (inside ? row * stride + col : 0), inside);
+            cp_async_16_zfill(smem_addr(tile + at<kRows>(row, col)), src + (inside ? row * stride + col : 0), inside);
         }
     }
 
@@ -185,20 +202,20 @@ struct LocalGrads {
                                                float* __restrict__ dg, float* __restrict__ dbeta, long long num_heads,
                                                long long num_heads_v, float scale) {
         extern __shared__ unsigned char smem_bytes[];
-        Shared& smem = *reinterpret_cast<Shared*>(align_up<16>(smem_bytes));
+        Shared& smem = *reinterpret_cast<Shared*>(align_up<kSwizzleAlignment>(smem_bytes));
         const int chunk = blockIdx.x, head_v = blockIdx.y;
         const int heads_v = static_cast<int>(num_heads_v), head = head_v / (heads_v / static_cast<int>(num_heads));
         const int token = chunks[2 * chunk], valid = kHasIncompleteTile ? chunks[2 * chunk + 1] : kChunk;
         const long long qk_stride = num_heads * kHeadDim, v_stride = static_cast<long long>(heads_v) * kHeadDim;
         const long long state_offset = (static_cast<long long>(chunk) * heads_v + head_v) * kHeadDim * kHeadDim;
 
-        load<kHeadDim>(smem.q, kWide, q + token * qk_stride + head * kHeadDim, qk_stride, valid);
-        load<kHeadDim>(smem.k, kWide, k + token * qk_stride + head * kHeadDim, qk_stride, valid);
-        load<kHeadDim>(smem.v, kWide, v + token * v_stride + head_v * kHeadDim, v_stride, valid);
-        load<kHeadDim>(smem.d_out, kWide, d_out + token * v_stride + head_v * kHeadDim, v_stride, valid);
-        load<kHeadDim, kStateRows>(smem.state, kWide, states + state_offset, kHeadDim, kStateRows);
-        load<kHeadDim, kStateRows>(smem.d_state, kWide, d_states + state_offset, kHeadDim, kStateRows);
-        load<kChunk>(smem.tbeta, kSquare, tbeta + (static_cast<long long>(chunk) * heads_v + head_v) * kChunk * kChunk, kChunk, kChunk);
+        load<kHeadDim>(smem.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid);
+        load<kHeadDim>(smem.k, k + token * qk_stride + head * kHeadDim, qk_stride, valid);
+        load<kHeadDim>(smem.v, v + token * v_stride + head_v * kHeadDim, v_stride, valid);
+        load<kHeadDim>(smem.d_out, d_out + token * v_stride + head_v * kHeadDim, v_stride, valid);
+        load<kHeadDim, kStateRows>(smem.state, states + state_offset, kHeadDim, kStateRows);
+        load<kHeadDim, kStateRows>(smem.d_state, d_states + state_offset, kHeadDim, kStateRows);
+        load<kChunk>(smem.tbeta, tbeta + (static_cast<long long>(chunk) * heads_v + head_v) * kChunk * kChunk, kChunk, kChunk);
         cp_async_commit();
         if (threadIdx.x < kChunk) {
             const int i = threadIdx.x;
@@ -209,154 +226,157 @@ struct LocalGrads {
                            : beta_is_fp32 ? static_cast<const float*>(beta)[at] : to_f32<T>(static_cast<const T*>(beta)[at]);
             smem.d_gamma[i] = smem.d_beta[i] = smem.via_kd[i] = smem.via_kb[i] = 0.f;
         }
-        __syncthreads();
+        barrier();
         if (threadIdx.x == 0) {
             float running = 0.f;
             for (int i = 0; i < kChunk; ++i) running += smem.gamma[i], smem.gamma[i] = running;
         }
         cp_async_wait<0>();
-        __syncthreads();
+        barrier();
         const float gamma_last = smem.gamma[kChunk - 1];
         const bool row_inside[2] = {!kHasIncompleteTile || row_of<kChunk>(0) < valid, !kHasIncompleteTile || row_of<kChunk>(2) < valid};
         // D_ij = e^{G_i - G_j} for i >= j, else 0: the exponent is never positive.
         auto decay = [&](int i, int j) { return i >= j ? __expf(smem.gamma[i] - smem.gamma[j]) : 0.f; };
         auto at_f = [](float* m, int i, int j) -> float& { return m[i * kSquareF + j]; };
         const long long row_stride = v_stride;  // of dq, dk and dv: [token, v-head, K]
-        const long long out_offset = (static_cast<long long>(token) * heads_v + head_v) * kHeadDim;
+        // Where the chunk's gradients go, from its first token read again at each write (volatile): addresses made
+        // at the start and kept live to the end crowd out the products' registers (ptxas spilled them).
+        auto out_offset = [&] {
+            const int first = *static_cast<const volatile int*>(chunks + 2 * chunk);
+            return (static_cast<long long>(first) * heads_v + head_v) * kHeadDim;
+        };
 
         // K K^T and Q K^T; L = StrictLower(K K^T * D) (fp32, and 16-bit in T's tile), P = Q K^T * D (fp32).
         {
             float kk[kChunk / 16][4], qk[kChunk / 16][4];
-            product<kChunk, kHeadDim, false, false>(kk, smem.k, kWide, smem.k, kWide);
-            product<kChunk, kHeadDim, false, false>(qk, smem.q, kWide, smem.k, kWide);
+            product<kChunk, kHeadDim, false, false>(kk, smem.k, smem.k);
+            product<kChunk, kHeadDim, false, false>(qk, smem.q, smem.k);
             each<kChunk>(kk, [&](int i, int j, float x) {
                 const float l = i > j ? x * decay(i, j) : 0.f;
                 at_f(smem.square0, i, j) = l;
                 return l;
             });
             each<kChunk>(qk, [&](int i, int j, float x) { return at_f(smem.square1, i, j) = x * decay(i, j); });
-            store<kChunk>(smem.t, kSquare, kk);
+            store<kChunk>(smem.t, kk);
         }
-        __syncthreads();
+        barrier();
         // T = I - Tbeta L, into L's tile.
         {
             float t[kChunk / 16][4];
-            product<kChunk, kChunk, false, true>(t, smem.tbeta, kSquare, smem.t, kSquare);
+            product<kChunk, kChunk, false, true>(t, smem.tbeta, smem.t);
             each<kChunk>(t, [&](int i, int j, float x) { return (i == j ? 1.f : 0.f) - x; });
-            __syncthreads();  // L's 16-bit copy is read no more
-            store<kChunk>(smem.t, kSquare, t);
+            barrier();  // L's 16-bit copy is read no more
+            store<kChunk>(smem.t, t);
         }
         // Z = V - diag(e^G) K S (in wide0), then Vn = Tbeta Z (in wide1).
         {
             float z[kHeadDim / 16][4];
-            product<kHeadDim, kHeadDim, false, false>(z, smem.k, kWide, smem.state, kWide);
-            each<kHeadDim>(z, [&](int i, int c, float x) { return to_f32<T>(smem.v[i * kWide + c]) - __expf(smem.gamma[i]) * x; });
-            store<kHeadDim>(smem.wide0, kWide, z);
+            product<kHeadDim, kHeadDim, false, false>(z, smem.k, smem.state);
+            each<kHeadDim>(z, [&](int i, int c, float x) { return to_f32<T>(smem.v[at<kChunk>(i, c)]) - __expf(smem.gamma[i]) * x; });
+            store<kHeadDim>(smem.wide0, z);
         }
-        __syncthreads();
+        barrier();
         {
             float vn[kHeadDim / 16][4];
-            product<kHeadDim, kChunk, false, true>(vn, smem.tbeta, kSquare, smem.wide0, kWide);
-            store<kHeadDim>(smem.wide1, kWide, vn);
+            product<kHeadDim, kChunk, false, true>(vn, smem.tbeta, smem.wide0);
+            store<kHeadDim>(smem.wide1, vn);
         }
-        __syncthreads();  // Z and Tbeta are read no more
+        barrier();  // Z and Tbeta are read no more
         // P (16-bit, in wide0's first 64 columns) for P^T dO.
         for (int x = threadIdx.x; x < kChunk * kChunk; x += kThreads) {
             const int i = x / kChunk, j = x % kChunk;
-            smem.wide0[i * kWide + j] = from_f32<T>(at_f(smem.square1, i, j));
+            smem.wide0[at<kChunk>(i, j)] = from_f32<T>(at_f(smem.square1, i, j));
         }
-        __syncthreads();
+        barrier();
         // dVn = diag(e^{G_L - G}) K dS' + scale P^T dO (in wide0).
         {
-            float kd[kHeadDim / 16][4], pd[kHeadDim / 16][4];
-            product<kHeadDim, kHeadDim, false, false>(kd, smem.k, kWide, smem.d_state, kWide);
-            product<kHeadDim, kChunk, true, true>(pd, smem.wide0, kWide, smem.d_out, kWide);
-            each<kHeadDim>(kd, [&](int i, int, float x) { return __expf(gamma_last - smem.gamma[i]) * x; });
-            add_into<kHeadDim>(kd, pd, scale);
-            __syncthreads();  // P's 16-bit copy is read no more
-            store<kHeadDim>(smem.wide0, kWide, kd);
+            // As scale (diag(e^{G_L - G}) / scale K dS' + P^T dO): the tensor core adds the second product.
+            float kd[kHeadDim / 16][4];
+            product<kHeadDim, kHeadDim, false, false>(kd, smem.k, smem.d_state);
+            each<kHeadDim>(kd, [&](int i, int, float x) { return __expf(gamma_last - smem.gamma[i]) / scale * x; });
+            product<kHeadDim, kChunk, true, true, true>(kd, smem.wide0, smem.d_out);
+            each<kHeadDim>(kd, [&](int, int, float x) { return scale * x; });
+            barrier();  // P's 16-bit copy is read no more
+            store<kHeadDim>(smem.wide0, kd);
         }
         // dqk = scale (dO Vn^T) * D (16-bit, in Tbeta's tile); dP * P = scale (dO Vn^T) * P, the exponents' share.
         {
             float dqk[kChunk / 16][4];
-            product<kChunk, kHeadDim, false, false>(dqk, smem.d_out, kWide, smem.wide1, kWide);
+            product<kChunk, kHeadDim, false, false>(dqk, smem.d_out, smem.wide1);
             each<kChunk>(dqk, [&](int i, int j, float x) {
                 at_f(smem.square1, i, j) *= scale * x;
                 return scale * x * decay(i, j);
             });
-            store<kChunk>(smem.tbeta, kSquare, dqk);
+            store<kChunk>(smem.tbeta, dqk);
         }
-        __syncthreads();
+        barrier();
         add_exponent_sums(smem, smem.square1);
         // dq = scale diag(e^G) dO S^T + dqk K; q . (its first term) is G's.
         {
-            float acc[kHeadDim / 16][4], more[kHeadDim / 16][4];
-            product<kHeadDim, kHeadDim, false, true>(acc, smem.d_out, kWide, smem.state, kWide);
+            float acc[kHeadDim / 16][4];
+            product<kHeadDim, kHeadDim, false, true>(acc, smem.d_out, smem.state);
             each<kHeadDim>(acc, [&](int i, int, float x) { return scale * __expf(smem.gamma[i]) * x; });
-            add_row_sums<kHeadDim>(smem, smem.d_gamma, acc, [&](int i, int c, float x) { return to_f32<T>(smem.q[i * kWide + c]) * x; });
-            product<kHeadDim, kChunk, false, true>(more, smem.tbeta, kSquare, smem.k, kWide);
-            add_into<kHeadDim>(acc, more, 1.f);
-            write_rows<kHeadDim>(dq + out_offset, row_stride, acc, row_inside);
+            add_row_sums<kHeadDim>(smem, smem.d_gamma, acc, [&](int i, int c, float x) { return to_f32<T>(smem.q[at<kChunk>(i, c)]) * x; });
+            product<kHeadDim, kChunk, false, true, true>(acc, smem.tbeta, smem.k);
+            write_rows<kHeadDim>(dq + out_offset(), row_stride, acc, row_inside);
         }
         // dk = diag(e^{G_L - G}) Vn dS'^T + dqk^T Q + (dkk + dkk^T) K + diag(beta e^G) T^T dw, in registers.
         float dk_acc[kHeadDim / 16][4];
         {
-            product<kHeadDim, kHeadDim, false, true>(dk_acc, smem.wide1, kWide, smem.d_state, kWide);
+            product<kHeadDim, kHeadDim, false, true>(dk_acc, smem.wide1, smem.d_state);
             each<kHeadDim>(dk_acc, [&](int i, int, float x) { return __expf(gamma_last - smem.gamma[i]) * x; });
             // Kd . dKd, row by row: the exponents of Kd = diag(e^{G_L - G}) K.
-            add_row_sums<kHeadDim>(smem, smem.via_kd, dk_acc, [&](int i, int c, float x) { return to_f32<T>(smem.k[i * kWide + c]) * x; });
-            float more[kHeadDim / 16][4];
-            product<kHeadDim, kChunk, true, true>(more, smem.tbeta, kSquare, smem.q, kWide);
-            add_into<kHeadDim>(dk_acc, more, 1.f);
+            add_row_sums<kHeadDim>(smem, smem.via_kd, dk_acc, [&](int i, int c, float x) { return to_f32<T>(smem.k[at<kChunk>(i, c)]) * x; });
+            product<kHeadDim, kChunk, true, true, true>(dk_acc, smem.tbeta, smem.q);
         }
         // G_L's own share: sum_i (Kd . dKd)_i + e^{G_L} sum(dS' * S).
         {
             float own = 0.f;
+            // S^T and dS'^T have one layout: a sum over all their elements needs no positions.
             for (int x = threadIdx.x; x < kStateRows * kHeadDim; x += kThreads) {
-                const int r = x / kHeadDim, c = x % kHeadDim;
-                own += to_f32<T>(smem.state[r * kWide + c]) * to_f32<T>(smem.d_state[r * kWide + c]);
+                own += to_f32<T>(smem.state[x]) * to_f32<T>(smem.d_state[x]);
             }
 #pragma unroll
             for (int offset = 16; offset > 0; offset /= 2) own += __shfl_xor_sync(0xffffffffu, own, offset);
             if (threadIdx.x % 32 == 0) smem.block_part[threadIdx.x / 32] = own;
-            __syncthreads();  // also: dqk and Vn are read no more
+            barrier();  // also: dqk and Vn are read no more
             if (threadIdx.x == 0) {
                 float states = 0.f, via = 0.f;
                 for (int w = 0; w < kWarps; ++w) states += smem.block_part[w];
                 for (int i = 0; i < kChunk; ++i) via += smem.via_kd[i];
                 smem.d_gamma[kChunk - 1] += via + __expf(gamma_last) * states;
             }
-            __syncthreads();
+            barrier();
             if (threadIdx.x < kChunk) smem.d_gamma[threadIdx.x] -= smem.via_kd[threadIdx.x];
         }
         // dw = -dVn S^T (16-bit, in wide1); dt = dw Kb^T + dVn Vb^T (16-bit, in Tbeta's tile).
         {
             float dw[kHeadDim / 16][4];
-            product<kHeadDim, kHeadDim, false, true>(dw, smem.wide0, kWide, smem.state, kWide);
+            product<kHeadDim, kHeadDim, false, true>(dw, smem.wide0, smem.state);
             each<kHeadDim>(dw, [&](int, int, float x) { return -x; });
-            store<kHeadDim>(smem.wide1, kWide, dw);
+            store<kHeadDim>(smem.wide1, dw);
         }
-        __syncthreads();
+        barrier();
         {
             float via_k[kChunk / 16][4], via_v[kChunk / 16][4];
-            product<kChunk, kHeadDim, false, false>(via_k, smem.wide1, kWide, smem.k, kWide);
-            product<kChunk, kHeadDim, false, false>(via_v, smem.wide0, kWide, smem.v, kWide);
+            product<kChunk, kHeadDim, false, false>(via_k, smem.wide1, smem.k);
+            product<kChunk, kHeadDim, false, false>(via_v, smem.wide0, smem.v);
             each<kChunk>(via_k, [&](int, int j, float x) { return __expf(smem.gamma[j]) * x; });
             add_into<kChunk>(via_k, via_v, 1.f);
             each<kChunk>(via_k, [&](int, int j, float x) { return smem.beta[j] * x; });
-            store<kChunk>(smem.tbeta, kSquare, via_k);
+            store<kChunk>(smem.tbeta, via_k);
         }
-        __syncthreads();
+        barrier();
         // X = T^T dt (16-bit, in Q's tile: Q is read no more); dA = -StrictLower(X T^T).
         {
             float x_acc[kChunk / 16][4];
-            product<kChunk, kChunk, true, true>(x_acc, smem.t, kSquare, smem.tbeta, kSquare);
-            store<kChunk>(smem.q, kWide, x_acc);
+            product<kChunk, kChunk, true, true>(x_acc, smem.t, smem.tbeta);
+            store<kChunk>(smem.q, x_acc);
         }
-        __syncthreads();
+        barrier();
         {
             float da[kChunk / 16][4];
-            product<kChunk, kChunk, false, false>(da, smem.q, kWide, smem.t, kSquare);
+            product<kChunk, kChunk, false, false>(da, smem.q, smem.t);
             each<kChunk>(da, [&](int i, int j, float x) { return i > j ? -x : 0.f; });
             // beta's share sum_j dA_ij L_ij; the exponents' dA * A (A = diag(beta) L); dkk = dA * beta_i * D.
             add_row_sums<kChunk>(smem, smem.d_beta, da, [&](int i, int j, float x) { return x * at_f(smem.square0, i, j); });
@@ -366,36 +386,32 @@ struct LocalGrads {
                 return x;
             });
         }
-        __syncthreads();
+        barrier();
         add_exponent_sums(smem, smem.square1);
         // dkk + dkk^T (16-bit, in dt's tile), then dk += (dkk + dkk^T) K.
         for (int x = threadIdx.x; x < kChunk * kChunk; x += kThreads) {
             const int i = x / kChunk, j = x % kChunk;
-            smem.tbeta[i * kSquare + j] = from_f32<T>(at_f(smem.square0, i, j) + at_f(smem.square0, j, i));
+            smem.tbeta[at<kChunk>(i, j)] = from_f32<T>(at_f(smem.square0, i, j) + at_f(smem.square0, j, i));
         }
-        __syncthreads();
-        {
-            float more[kHeadDim / 16][4];
-            product<kHeadDim, kChunk, false, true>(more, smem.tbeta, kSquare, smem.k, kWide);
-            add_into<kHeadDim>(dk_acc, more, 1.f);
-        }
+        barrier();
+        product<kHeadDim, kChunk, false, true, true>(dk_acc, smem.tbeta, smem.k);
         // dKb = T^T dw: dk += diag(beta e^G) dKb; e^G k . dKb is beta's share and, times beta, G's.
         {
             float d_kb[kHeadDim / 16][4];
-            product<kHeadDim, kChunk, true, true>(d_kb, smem.t, kSquare, smem.wide1, kWide);
+            product<kHeadDim, kChunk, true, true>(d_kb, smem.t, smem.wide1);
             add_row_sums<kHeadDim>(smem, smem.via_kb, d_kb, [&](int i, int c, float x) {
-                return __expf(smem.gamma[i]) * to_f32<T>(smem.k[i * kWide + c]) * x;
+                return __expf(smem.gamma[i]) * to_f32<T>(smem.k[at<kChunk>(i, c)]) * x;
             });
             each<kHeadDim>(d_kb, [&](int i, int, float x) { return smem.beta[i] * __expf(smem.gamma[i]) * x; });
             add_into<kHeadDim>(dk_acc, d_kb, 1.f);
-            write_rows<kHeadDim>(dk + out_offset, row_stride, dk_acc, row_inside);
+            write_rows<kHeadDim>(dk + out_offset(), row_stride, dk_acc, row_inside);
         }
         // dVb = T^T dVn: dv = diag(beta) dVb; v . dVb is beta's share.
         {
             float d_vb[kHeadDim / 16][4];
-            product<kHeadDim, kChunk, true, true>(d_vb, smem.t, kSquare, smem.wide0, kWide);
-            add_row_sums<kHeadDim>(smem, smem.d_beta, d_vb, [&](int i, int c, float x) { return to_f32<T>(smem.v[i * kWide + c]) * x; });
-            T* const out = dv + out_offset;
+            product<kHeadDim, kChunk, true, true>(d_vb, smem.t, smem.wide0);
+            add_row_sums<kHeadDim>(smem, smem.d_beta, d_vb, [&](int i, int c, float x) { return to_f32<T>(smem.v[at<kChunk>(i, c)]) * x; });
+            T* const out = dv + out_offset();
 #pragma unroll
             for (int n = 0; n < kHeadDim / 16; ++n) {
 #pragma unroll
@@ -415,7 +431,7 @@ struct LocalGrads {
                 smem.d_gamma[i] = running;
             }
         }
-        __syncthreads();
+        barrier();
         if (threadIdx.x < kChunk && (!kHasIncompleteTile || static_cast<int>(threadIdx.x) < valid)) {
             const int i = threadIdx.x;
             const long long at = static_cast<long long>(token + i) * heads_v + head_v;

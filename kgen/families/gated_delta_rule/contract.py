@@ -76,12 +76,11 @@ def _reverse_dynamic_smem_bytes(chunk: int, head_dim: int, slice_v: int, itemsiz
 
 
 def _grads_dynamic_smem_bytes(chunk: int, head_dim: int, itemsize: int) -> int:
-    """local_grads.cuh's Shared: Q, K, V, dO, two wide scratch tiles and (head_dim rows) S^T and dS'^T, rows of
-    head_dim + 8; Tbeta and T, rows of chunk + 8; two fp32 chunk x chunk scratch tiles, rows of chunk + 4; eight
-    per-row float vectors and a float per warp; 16 bytes of alignment slack."""
-    wide, square = head_dim + 8, chunk + 8
-    tiles = (6 * chunk * wide + 2 * head_dim * wide + 2 * chunk * square) * itemsize
-    return tiles + 2 * chunk * (chunk + 4) * 4 + (8 * chunk + GDN_GRADS_THREADS // 32) * 4 + 16
+    """local_grads.cuh's Shared: Q, K, V, dO and two wide scratch tiles (chunk x head_dim), S^T and dS'^T (head_dim
+    x head_dim), Tbeta and T (chunk x chunk), unpadded (swizzled); two fp32 chunk x chunk scratch tiles, rows of
+    chunk + 4; eight per-row float vectors and a float per warp; a swizzle repeat of alignment slack."""
+    tiles = (6 * chunk * head_dim + 2 * head_dim * head_dim + 2 * chunk * chunk) * itemsize
+    return tiles + 2 * chunk * (chunk + 4) * 4 + (8 * chunk + GDN_GRADS_THREADS // 32) * 4 + SWIZZLE_ALIGNMENT
 
 
 def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
