@@ -1,8 +1,9 @@
-// The backward's per-chunk gradients, one block per (chunk, v-head): kgen/families/gated_delta_rule/local_grads.py's
+// The backward's per-chunk gradients, one block per (chunk, q/k head), the head's v-heads one after the other: kgen/families/gated_delta_rule/local_grads.py's
 // algebra (its docstring has the notation) from the chunk's inputs, its start state S (S^T, from
 // gated_delta_rule_chunk_states), the gradient dS' of its end state (dS'^T, from gated_delta_rule_chunk_reverse)
 // and Tbeta (from gated_delta_rule_kkt), with T = I - Tbeta StrictLower(K K^T * D) (since T (I + A) = I).
-// Writes dq and dk per v-head (fp32; the host sums a GVA group's), dv, dg and dbeta of the chunk's tokens.
+// Writes dq and dk per q/k head (fp32, a GVA group's v-heads added in order: deterministic, and no per-v-head
+// copies for the host to sum), dv, dg and dbeta of the chunk's tokens.
 //
 // Every operand is a 16-bit shared-memory tile in wgmma's 64-byte swizzled layout (common/swizzle.cuh: spans of
 // 32 columns, so that a warpgroup's half of a 64-column product is whole spans); every product is `product`, a
@@ -134,17 +135,18 @@ struct LocalGrads {
     }
 
     // A product's rows into global memory, fp32, rows `row_stride` elements apart, only the rows inside the
-    // sequence (row_inside: the thread's upper and lower row).
+    // sequence (row_inside: the thread's upper and lower row); `add` adds them to what the thread wrote there before.
     template <int kN>
     __device__ static __forceinline__ void write_rows(float* out, long long row_stride, const float (&acc)[kN / 16][4],
-                                                      const bool (&row_inside)[2]) {
+                                                      const bool (&row_inside)[2], bool add) {
 #pragma unroll
         for (int n = 0; n < kN / 16; ++n) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 if (!row_inside[half]) continue;
-                *reinterpret_cast<float2*>(out + row_of<kN>(2 * half) * row_stride + column_of<kN>(n, 0)) =
-                    make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
+                float2* const at = reinterpret_cast<float2*>(out + row_of<kN>(2 * half) * row_stride + column_of<kN>(n, 0));
+                const float2 before = add ? *at : make_float2(0.f, 0.f);
+                *at = make_float2(before.x + acc[n][2 * half], before.y + acc[n][2 * half + 1]);
             }
         }
     }
@@ -201,10 +203,24 @@ struct LocalGrads {
                                                float* __restrict__ dq, float* __restrict__ dk, T* __restrict__ dv,
                                                float* __restrict__ dg, float* __restrict__ dbeta, long long num_heads,
                                                long long num_heads_v, float scale) {
+        const int group = static_cast<int>(num_heads_v / num_heads), head = blockIdx.y;
+        for (int head_v = head * group; head_v < (head + 1) * group; ++head_v) {
+            run_v_head(q, k, v, g, beta, beta_is_fp32, chunks, tbeta, states, d_states, d_out, dq, dk, dv, dg, dbeta,
+                       num_heads, num_heads_v, scale, head_v, head_v > head * group);
+            barrier();  // the next v-head's loads overwrite every tile
+        }
+    }
+
+    __device__ static __forceinline__ void run_v_head(
+            const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
+            const void* __restrict__ beta, long long beta_is_fp32, const int* __restrict__ chunks,
+            const T* __restrict__ tbeta, const T* __restrict__ states, const T* __restrict__ d_states,
+            const T* __restrict__ d_out, float* __restrict__ dq, float* __restrict__ dk, T* __restrict__ dv,
+            float* __restrict__ dg, float* __restrict__ dbeta, long long num_heads, long long num_heads_v, float scale,
+            int head_v, bool add_to_dq_dk) {
         extern __shared__ unsigned char smem_bytes[];
         Shared& smem = *reinterpret_cast<Shared*>(align_up<kSwizzleAlignment>(smem_bytes));
-        const int chunk = blockIdx.x, head_v = blockIdx.y;
-        const int heads_v = static_cast<int>(num_heads_v), head = head_v / (heads_v / static_cast<int>(num_heads));
+        const int chunk = blockIdx.x, head = blockIdx.y, heads_v = static_cast<int>(num_heads_v);
         const int token = chunks[2 * chunk], valid = kHasIncompleteTile ? chunks[2 * chunk + 1] : kChunk;
         const long long qk_stride = num_heads * kHeadDim, v_stride = static_cast<long long>(heads_v) * kHeadDim;
         const long long state_offset = (static_cast<long long>(chunk) * heads_v + head_v) * kHeadDim * kHeadDim;
@@ -238,12 +254,12 @@ struct LocalGrads {
         // D_ij = e^{G_i - G_j} for i >= j, else 0: the exponent is never positive.
         auto decay = [&](int i, int j) { return i >= j ? __expf(smem.gamma[i] - smem.gamma[j]) : 0.f; };
         auto at_f = [](float* m, int i, int j) -> float& { return m[i * kSquareF + j]; };
-        const long long row_stride = v_stride;  // of dq, dk and dv: [token, v-head, K]
-        // Where the chunk's gradients go, from its first token read again at each write (volatile): addresses made
-        // at the start and kept live to the end crowd out the products' registers (ptxas spilled them).
-        auto out_offset = [&] {
+        // Where the chunk's gradients go (dq and dk [token, head, K], dv [token, v-head, K]), from its first token
+        // read again at each write (volatile): addresses made at the start and kept live to the end crowd out the
+        // products' registers (ptxas spilled them).
+        auto out_offset = [&](long long heads, int of_head) {
             const int first = *static_cast<const volatile int*>(chunks + 2 * chunk);
-            return (static_cast<long long>(first) * heads_v + head_v) * kHeadDim;
+            return (static_cast<long long>(first) * heads + of_head) * kHeadDim;
         };
 
         // K K^T and Q K^T; L = StrictLower(K K^T * D) (fp32, and 16-bit in T's tile), P = Q K^T * D (fp32).
@@ -318,7 +334,7 @@ struct LocalGrads {
             each<kHeadDim>(acc, [&](int i, int, float x) { return scale * __expf(smem.gamma[i]) * x; });
             add_row_sums<kHeadDim>(smem, smem.d_gamma, acc, [&](int i, int c, float x) { return to_f32<T>(smem.q[at<kChunk>(i, c)]) * x; });
             product<kHeadDim, kChunk, false, true, true>(acc, smem.tbeta, smem.k);
-            write_rows<kHeadDim>(dq + out_offset(), row_stride, acc, row_inside);
+            write_rows<kHeadDim>(dq + out_offset(num_heads, head), qk_stride, acc, row_inside, add_to_dq_dk);
         }
         // dk = diag(e^{G_L - G}) Vn dS'^T + dqk^T Q + (dkk + dkk^T) K + diag(beta e^G) T^T dw, in registers.
         float dk_acc[kHeadDim / 16][4];
@@ -404,21 +420,21 @@ struct LocalGrads {
             });
             each<kHeadDim>(d_kb, [&](int i, int, float x) { return smem.beta[i] * __expf(smem.gamma[i]) * x; });
             add_into<kHeadDim>(dk_acc, d_kb, 1.f);
-            write_rows<kHeadDim>(dk + out_offset(), row_stride, dk_acc, row_inside);
+            write_rows<kHeadDim>(dk + out_offset(num_heads, head), qk_stride, dk_acc, row_inside, add_to_dq_dk);
         }
         // dVb = T^T dVn: dv = diag(beta) dVb; v . dVb is beta's share.
         {
             float d_vb[kHeadDim / 16][4];
             product<kHeadDim, kChunk, true, true>(d_vb, smem.t, smem.wide0);
             add_row_sums<kHeadDim>(smem, smem.d_beta, d_vb, [&](int i, int c, float x) { return to_f32<T>(smem.v[at<kChunk>(i, c)]) * x; });
-            T* const out = dv + out_offset();
+            T* const out = dv + out_offset(heads_v, head_v);
 #pragma unroll
             for (int n = 0; n < kHeadDim / 16; ++n) {
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const int i = row_of<kHeadDim>(2 * half);
                     if (!row_inside[half]) continue;
-                    *reinterpret_cast<unsigned*>(out + i * row_stride + column_of<kHeadDim>(n, 0)) =
+                    *reinterpret_cast<unsigned*>(out + i * v_stride + column_of<kHeadDim>(n, 0)) =
                         pack2<T>(smem.beta[i] * d_vb[n][2 * half], smem.beta[i] * d_vb[n][2 * half + 1]);
                 }
             }

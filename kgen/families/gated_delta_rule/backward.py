@@ -9,10 +9,11 @@ The forward keeps nothing but its inputs (as FlashQLA's). The backward
    sequence to dS = M dS' + h, and ``gated_delta_rule_chunk_chain`` walks them from the sequence's end into every
    segment's exact end dS' (with the forward's decay-bounded shortcut, unless the plan is exact_split);
 3. takes every chunk's dq, dk, dv, dg and dbeta from them: by default with :mod:`.local_grads` (batched torch
-   products in fp32 over slices of chunks); with ``per_chunk="kernel"`` by ``gated_delta_rule_chunk_grads``, a
-   block per (chunk, v-head), everything in shared memory: 5.4x faster, but its dg missed the 1e-2 bar on one
-   GPU test case, see bench/NOTES.md "Fifteenth session");
-   then sums dq and dk over each GVA group, and takes the in-kernel l2norm's backward. ``KGEN_GDN_BACKWARD=kernel``
+   products in fp32 over slices of chunks, then dq and dk summed over each GVA group); with
+   ``per_chunk="kernel"`` by ``gated_delta_rule_chunk_grads``, a block per (chunk, q/k head) taking its v-heads
+   in turn (wgmma, everything in shared memory, dq and dk summed over the group in the kernel): several times
+   faster, but its dg missed the 1e-2 bar on one GPU test case, see bench/NOTES.md "Fifteenth session");
+   then takes the in-kernel l2norm's backward. ``KGEN_GDN_BACKWARD=kernel``
    makes the kernel the path of every call that does not name one, autograd's included.
 
 Rows past a sequence are zero in every chunk the backward reads, so one sequence's gradients never see
@@ -141,23 +142,20 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
 
 
 def _kernel_grads(kernels, q, k, v, g, beta, tbeta, states, d_states, d_out, chunks, scale):
-    """dq, dk (fp32, summed over each GVA group), dv, dg and dbeta (fp32) by gated_delta_rule_chunk_grads."""
-    batch, tokens, heads, head_dim = q.shape
-    heads_v = v.shape[2]
-    dq = q.new_empty((batch, tokens, heads_v, head_dim), dtype=torch.float32)  # per v-head
+    """dq, dk (fp32, summed over each GVA group in the kernel), dv, dg and dbeta (fp32) by
+    gated_delta_rule_chunk_grads, a block per chunk and q/k head."""
+    heads, heads_v = q.shape[2], v.shape[2]
+    dq = q.new_empty(q.shape, dtype=torch.float32)
     dk, dv = torch.empty_like(dq), torch.empty_like(v)
     dg = torch.empty_like(g)
     dbeta = g.new_empty(g.shape)
     if len(chunks):
-        kernels.grads.launch((len(chunks), heads_v), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(),
+        kernels.grads.launch((len(chunks), heads), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(),
                              beta=beta.data_ptr(), beta_is_fp32=int(beta.dtype is torch.float32),
                              chunks=chunks.data_ptr(), tbeta=tbeta.data_ptr(), states=states.data_ptr(),
                              d_states=d_states.data_ptr(), d_out=d_out.data_ptr(), dq=dq.data_ptr(), dk=dk.data_ptr(),
                              dv=dv.data_ptr(), dg=dg.data_ptr(), dbeta=dbeta.data_ptr(), num_heads=heads,
                              num_heads_v=heads_v, scale=np.float32(scale))
-    group = heads_v // heads
-    if group > 1:
-        dq, dk = (x.view(batch, tokens, heads, group, head_dim).sum(3) for x in (dq, dk))
     return dq, dk, dv, dg, dbeta
 
 
