@@ -25,8 +25,11 @@ from typing import Any, Callable, Sequence
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # the benchmarks run as scripts; let them import kgen without PYTHONPATH
-    sys.path.insert(0, str(REPO_ROOT))
+# The benchmarks run as scripts: let them import kgen without PYTHONPATH, but last, so that a kgen named on
+# PYTHONPATH (another tree, in an A/B) is the one imported. Inserted first, this checkout's kgen shadowed it, and
+# A/Bs of two trees ran this one twice (bench/NOTES.md, twenty-ninth session).
+if str(REPO_ROOT) not in sys.path:
+    sys.path.append(str(REPO_ROOT))
 DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "latest"
 _L2_FLUSH_BYTES = 256 * 1024 * 1024  # what triton.testing.do_bench writes between repeats
 
