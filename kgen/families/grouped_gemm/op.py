@@ -19,8 +19,9 @@ from kgen.runtime.dispatch import (DTYPE_NAMES, SpecPathMemo, first_runnable, pl
                                    tile_pair_launchers)
 
 FAMILY = "grouped_gemm"
-#: Clusters of blocks sharing B tiles pay where the experts average at least this many rows: 4-8% faster in bf16
-#: at 1024 and 2048 rows an expert, up to 12% slower at 128 and 256 (bench/NOTES.md, twenty-ninth session).
+#: Clusters of blocks sharing B tiles pay where the experts average at least this many rows: up to 7% faster in
+#: bf16 at 1024 and 2048 rows an expert (none at DeepSeek-V3's down projection), up to 12% slower at 128 and 256
+#: (bench/NOTES.md, twenty-ninth session).
 CLUSTER_ROWS_PER_EXPERT = 1024
 #: Rows and K move in 16-byte pieces, and the output in 2-element pairs.
 _K_MULTIPLE, _N_MULTIPLE = 8, 8
