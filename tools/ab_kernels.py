@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-# kgen first, from PYTHONPATH's tree: bench/common puts this checkout's root on sys.path when imported.
+# kgen first, from PYTHONPATH's tree (bench/common also adds this checkout's root, after PYTHONPATH's entries).
 import kgen
 from kgen.ops import attention_varlen, chunk_gated_delta_rule, plan_attention_varlen, plan_chunk_gated_delta_rule
 
