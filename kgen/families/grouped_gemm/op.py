@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
+from kgen import registry
 from kgen.dtypes import ELEMENT_TYPES
 from kgen.families.grouped_gemm.contract import SCALE_BLOCK, TMA_BOX_ROWS, TMA_SPAN_BYTES, result_dtype
 from kgen.families.quantize_fp8_blockwise.contract import BLOCK as QUANTIZE_BLOCK
 from kgen.families.quantize_fp8_blockwise.op import new_results as new_fp8_results
 from kgen.runtime import tma
 from kgen.runtime.checks import check_dense_rows, check_no_overlap, check_shape, check_tensor
-from kgen import registry
 from kgen.runtime.dispatch import (DTYPE_NAMES, SpecPathMemo, first_runnable, planning_sm, spec_dtypes,
                                    tile_pair_launchers)
 
