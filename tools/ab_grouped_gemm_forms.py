@@ -1,13 +1,14 @@
 """The grouped GEMM's kernel forms against each other in one process, ABBA over rounds, at issue 26's prefill
 shapes: the op's own choice (built_in), single blocks and clusters of two sharing B tiles whatever the rows, and
-FP8's 128 x 128 tile (tests/specs/grouped_gemm_fp8_narrow) and its 128 x 256 tile in clusters
-(tests/specs/grouped_gemm_fp8_cluster), each folder put ahead of the built-in spec.
+FP8's 128 x 128 tile (tests/specs/grouped_gemm_fp8_narrow), its 128 x 256 tile in clusters
+(tests/specs/grouped_gemm_fp8_cluster) and the built-in shapes at four stages (tests/specs/grouped_gemm_four_stages),
+each folder put ahead of the built-in spec.
 
-    python3 tools/ab_grouped_gemm_forms.py [--rounds 2] [--tokens 4096,32768] [--routing balanced,zipf]
+    python3 tools/ab_grouped_gemm_forms.py [--rounds 2] [--tokens 4096,32768] [--routing balanced,zipf] [--forms a,b]
 
 Each JSON line: round, form, case, bf16 / fused SwiGLU+FP8 / FP8 TFLOP/s (bench/common.time_cuda, L2 flushed), and
-the largest difference of the form's results from the built-in form's (a form that computes the same products in
-the same order gives 0). Inputs are made once per shape.
+the largest difference of the form's results from the first form's (a form that computes the same products in
+the same order gives 0), and each result's float64 sum (equal sums across trees: most likely equal results). Inputs are made once per shape.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+import kgen
 from kgen import config
 from kgen.ops import grouped_gemm, grouped_gemm_swiglu, quantize_fp8_blockwise
 
@@ -34,7 +36,8 @@ from grouped_gemm_kernels import taking_clusters  # noqa: E402
 SPECS = ROOT / "tests" / "specs"
 #: Per form: the spec folder put ahead of the built-in one, and clusters taken (True), not (False), or by the op.
 FORMS = {"built_in": (None, None), "single_blocks": (None, False), "clusters": (None, True),
-         "fp8_narrow": (SPECS / "grouped_gemm_fp8_narrow", None), "fp8_cluster": (SPECS / "grouped_gemm_fp8_cluster", True)}
+         "fp8_narrow": (SPECS / "grouped_gemm_fp8_narrow", None), "fp8_cluster": (SPECS / "grouped_gemm_fp8_cluster", True),
+         "four_stages": (SPECS / "grouped_gemm_four_stages", None)}
 
 
 @contextlib.contextmanager
@@ -73,7 +76,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", default="4096,32768")
     parser.add_argument("--routing", default="balanced")
+    parser.add_argument("--forms", default=",".join(FORMS), help="the forms to run, in the first round's order")
     args = parser.parse_args()
+    forms = args.forms.split(",")
+    print(json.dumps({"kgen": kgen.__file__}), flush=True)  # which tree an A/B of trees measured
     for model, projection, experts, n, k in LAYERS:
         for tokens in map(int, args.tokens.split(",")):
             for routing in args.routing.split(","):
@@ -81,15 +87,16 @@ def main() -> None:
                 case = f"{model} {projection} {tokens} {routing}"
                 reference = None
                 for round_ in range(args.rounds):
-                    order = list(FORMS) if round_ % 2 == 0 else list(reversed(FORMS))
+                    order = forms if round_ % 2 == 0 else forms[::-1]
                     for form in order:
                         with taking(form):
                             speeds, results = measure(x, projection == "gate+up")
                         if reference is None:
-                            reference = results if form == "built_in" else None
+                            reference = results if form == forms[0] else None
                         differs = {name: float((results[name].float() - reference[name].float()).abs().nan_to_num(0).max())
                                    for name in results} if reference is not None else {}
-                        print(json.dumps({"round": round_, "form": form, "case": case, **speeds, "max_diff": differs}),
+                        print(json.dumps({"round": round_, "form": form, "case": case, **speeds, "max_diff": differs,
+                                          "sum": {name: float(value.double().sum()) for name, value in results.items()}}),
                               flush=True)
                 del x
                 torch.cuda.empty_cache()

@@ -25,10 +25,8 @@ from kgen.ops import plan_attention_decode, plan_attention_varlen
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, gated_delta_rule_step, plan_chunk_gated_delta_rule
 from kgen.ops import grouped_gemm, grouped_gemm_swiglu, quantize_fp8_blockwise
 
-#: The test spec folders of the grouped GEMM's other kernel forms.
-TEST_SPECS = Path(__file__).resolve().parents[1] / "tests" / "specs"
-sys.path.insert(0, str(TEST_SPECS.parent))
-from grouped_gemm_kernels import taking_clusters  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from grouped_gemm_kernels import FORMS, FP8_FORMS, taking_clusters  # noqa: E402
 
 
 def attention_and_gated_delta_rule() -> None:
@@ -125,14 +123,13 @@ def moe() -> None:
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for rows in (301, 256):
             quantize_fp8_blockwise(torch.randn((rows, 640), device="cuda", dtype=dtype))
-    # As tests/grouped_gemm_kernels.py: the op takes each kernel form (a kernel, clusters of two blocks sharing B
-    # tiles or single blocks, and FP8's tiles from spec folders ahead of the built-in one).
-    for kernel, clusters in (("wgmma", False), ("wgmma", True), ("mma_sync", False)):
+    # The forms of tests/grouped_gemm_kernels.py: the op takes each kernel (in clusters of two blocks sharing B tiles
+    # or single blocks, and shapes from spec folders ahead of the built-in one), and each of FP8's tiles.
+    for kernel, clusters, spec_path in FORMS.values():
         with (mock.patch.object(grouped_gemm_op, "first_runnable", lambda *args, **kwargs: kernel),
-              taking_clusters(clusters)):
+              taking_clusters(clusters), config.overrides(KGEN_SPEC_PATH=spec_path and str(spec_path))):
             grouped_gemms()
-    for spec_path, clusters in ((None, False), (TEST_SPECS / "grouped_gemm_fp8_narrow", False),
-                                (TEST_SPECS / "grouped_gemm_fp8_cluster", True)):
+    for spec_path, clusters in FP8_FORMS.values():
         with config.overrides(KGEN_SPEC_PATH=spec_path and str(spec_path)), taking_clusters(clusters):
             fp8_grouped_gemms()
 

@@ -12,7 +12,7 @@
 {% include "common/swizzle.cuh" %}
 {% include "common/mma.cuh" %}
 {% include "common/tma.cuh" %}
-{% with wgmma_widths = ([tile_n if epilogue == "none" else 2 * tile_n] + ([contract.sizes.scale_block] if dtype == "e4m3" else [])) | unique | list, wgmma_input = {"bf16": "bf16", "fp16": "f16", "e4m3": "e4m3"}[dtype] %}
+{% with wgmma_widths = ([tile_n if epilogue == "none" else 2 * tile_n] + ([contract.sizes.scale_block, 64] if dtype == "e4m3" else [])) | unique | list, wgmma_input = {"bf16": "bf16", "fp16": "f16", "e4m3": "e4m3"}[dtype] %}
 {% include "common/wgmma.cuh" %}
 {% endwith %}
 {% include "common/warp_roles.cuh" %}
@@ -26,9 +26,14 @@ constexpr int kBoxRows = 128;                      // rows of one TMA box (the h
 constexpr int kRowBytes = kTileK * static_cast<int>(sizeof(TIn));
 constexpr int kABytes = kTileM * kRowBytes, kBBytes = kBRows * kRowBytes, kStageBytes = kABytes + kBBytes;
 constexpr int kBarrierBytes = 16 * kStages;       // a full and an empty mbarrier per stage
-// The epilogue stages each warp's 16 result rows in shared memory and stores them 16 bytes a lane, whole rows
-// at a time; rows padded by 16 bytes, so the 8 rows of a warp's accumulator stores start on distinct banks.
-constexpr int kOutRowBytes = kTileN * static_cast<int>(sizeof(T)) + 16, kFp8RowBytes = kTileN + 16;
+// FP8 tiles of several 128-column scale blocks: the products' columns a part accumulator holds.
+constexpr int kChunkColumns = 64, kChunks = kTileN / kChunkColumns;
+// The epilogue stages each warp's 16 result rows in shared memory, kPassColumns columns at a time, and stores them
+// 16 bytes a lane, whole rows at a time; rows padded by 16 bytes, so the 8 rows of a warp's accumulator stores start
+// on distinct banks. Passes of a part of the columns leave shared memory for a fourth stage of the 128 x 256 tiles.
+constexpr int kPassColumns = {{ contract.sizes.pass_columns }};
+static_assert(kTileN % kPassColumns == 0 && kPassColumns % 16 == 0, "the epilogue's passes differ from the tile");
+constexpr int kOutRowBytes = kPassColumns * static_cast<int>(sizeof(T)) + 16, kFp8RowBytes = kPassColumns + 16;
 constexpr int kStagingBytes = kTileM * (kOutRowBytes + (kQuantize ? kFp8RowBytes : 0));
 constexpr int kDynamicSmemBytes = kgen::kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes + kStagingBytes;
 // The producer only issues copies; the consumers hold kBRows / 2 accumulators each.
@@ -205,18 +210,32 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
             return;
         }
         // FP8: the scales of the thread's two rows (row-major or MN-major; none past the tensor, whose rows load as
-        // zeros) and of the tile's 128 columns, a K block's at a time; the result starts at zero, so every block's
-        // scaled product is one fused multiply-add.
+        // zeros) and of the tile's 128-column blocks (none past N: an incomplete tile's last block, whose products
+        // are never stored; N is whole scale blocks, so a tile of one block is never past it), a K block's at a
+        // time, each loaded a K block ahead: an L2 round trip outlasts a block's products. The result starts at
+        // zero, so every block's scaled product is one fused multiply-add.
         const long long scale_row = tile.owner.first_row + thread_row;
         const bool low_row_scaled = scale_row < num_rows, high_row_scaled = scale_row + 8 < num_rows;
         const float* low_row_scales = a_scale + scale_row * a_scale_row_stride;
         const float* high_row_scales = low_row_scales + 8 * a_scale_row_stride;
         const float* column_scales = b_scale + (tile.owner.expert * (num_n / kScaleBlock) + tile.column_tile * kColumnBlocks) * (num_k / kScaleBlock);
+        [[maybe_unused]] float next_a_low = 0.f, next_a_high = 0.f, next_b_blocks[kColumnBlocks];
+        [[maybe_unused]] const auto load_scales = [&]() {
+            next_a_low = low_row_scaled ? *low_row_scales : 0.f, next_a_high = high_row_scaled ? *high_row_scales : 0.f;
+#pragma unroll
+            for (int column_block = 0; column_block < kColumnBlocks; ++column_block) {
+                const bool in_n = !kHasIncompleteTile || kColumnBlocks == 1 ||
+                                  tile.column_tile * kColumnBlocks + column_block < num_n / kScaleBlock;
+                next_b_blocks[column_block] = in_n ? column_scales[column_block * (num_k / kScaleBlock)] : 0.f;
+            }
+            low_row_scales += a_scale_block_stride, high_row_scales += a_scale_block_stride, ++column_scales;
+        };
         if constexpr (kFp8) {
 #pragma unroll
             for (int j = 0; j < kBRows / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+            if (k_tiles > 0) load_scales();
         }
         for (int kt = 0; kt < k_tiles; ++kt, ++step) {
             const int stage = step % kStages;
@@ -228,19 +247,13 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
             if constexpr (kFp8) {
                 // Two-level accumulation: this K block's product alone, then scaled by a's and b's scales and added
                 // to the fp32 result outside the tensor core, whose FP8 accumulation is narrower than fp32. A tile
-                // of two column blocks takes them one after the other: one block's part accumulators (64 registers)
-                // beside the result's, where both blocks' would not fit.
-                const float a_low = low_row_scaled ? *low_row_scales : 0.f, a_high = high_row_scaled ? *high_row_scales : 0.f;
-                // b's scales of the tile's 128-column blocks; none past N (an incomplete tile's last block, whose
-                // products are never stored; N is whole scale blocks, so a tile of one block is never past it).
+                // of several column blocks takes them in chunks, one after the other: two chunks' part accumulators
+                // (64 registers) beside the result's, where every block's would not fit.
+                const float a_low = next_a_low, a_high = next_a_high;
                 float b_blocks[kColumnBlocks];
 #pragma unroll
-                for (int column_block = 0; column_block < kColumnBlocks; ++column_block) {
-                    const bool in_n = !kHasIncompleteTile || kColumnBlocks == 1 ||
-                                      tile.column_tile * kColumnBlocks + column_block < num_n / kScaleBlock;
-                    b_blocks[column_block] = in_n ? column_scales[column_block * (num_k / kScaleBlock)] : 0.f;
-                }
-                low_row_scales += a_scale_block_stride, high_row_scales += a_scale_block_stride, ++column_scales;
+                for (int column_block = 0; column_block < kColumnBlocks; ++column_block) b_blocks[column_block] = next_b_blocks[column_block];
+                if (kt + 1 < k_tiles) load_scales();
                 // Every column block's products take this warpgroup's 64 x 128 block of A: a tile of several loads it
                 // into registers once (ldmatrix from TMA's swizzled rows; matrix i of a k32 step is rows 8 (i % 2) and
                 // K bytes 16 (i / 2) on), where each block's shared-memory products would read it again.
@@ -252,27 +265,57 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                         kgen::ldmatrix_x4(a_fragments[kk], stage_a + row * kRowBytes + ((2 * kk + matrix / 2) ^ (row % 8)) * 16);
                     }
                 }
+                if constexpr (kColumnBlocks > 1) {
+                    // The tile's columns in chunks of kChunkColumns, each chunk's products into one of two part
+                    // accumulators: chunk c + 1's run on the tensor core while chunk c's are scaled and added.
+                    float parts[2][kChunkColumns / 8][4];
+                    const auto issue = [&](int chunk) {
+                        kgen::fence_operands(parts[chunk % 2]);  // its last additions stay before these products' issue
+                        kgen::wgmma_fence();
 #pragma unroll
-                for (int column_block = 0; column_block < kColumnBlocks; ++column_block) {
+                        for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too
+                            kgen::wgmma_rs<kChunkColumns, 0>(parts[chunk % 2], a_fragments[kk],
+                                                             b_descriptor + chunk * (kChunkColumns * kRowBytes / 16) + 2 * kk, kk > 0);
+                        }
+                        kgen::wgmma_commit();
+                    };
+                    const auto add = [&](int chunk) {
+                        kgen::fence_operands(parts[chunk % 2]);
+                        const float b_block = b_blocks[chunk / (kScaleBlock / kChunkColumns)];
+                        const float scale[2] = {a_low * b_block, a_high * b_block};
+#pragma unroll
+                        for (int j = 0; j < kChunkColumns / 8; ++j)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e)
+                                acc[chunk * kChunkColumns / 8 + j][e] = fmaf(parts[chunk % 2][j][e], scale[e / 2], acc[chunk * kChunkColumns / 8 + j][e]);
+                    };
+                    issue(0);
+#pragma unroll
+                    for (int chunk = 1; chunk < kChunks; ++chunk) {
+                        issue(chunk);
+                        kgen::wgmma_wait<1>();
+                        add(chunk - 1);
+                    }
+                    kgen::wgmma_wait<0>();
+                    if (lane == 0) release(stage);
+                    add(kChunks - 1);
+                } else {  // one 128-column block, both operands from shared memory
                     float part[kScaleBlock / 8][4];
                     kgen::fence_operands(acc);  // the last block's additions stay before these products' issue
                     kgen::wgmma_fence();
 #pragma unroll
-                    for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too
-                        const unsigned long long b_block = b_descriptor + column_block * (kScaleBlock * kRowBytes / 16) + 2 * kk;
-                        if constexpr (kColumnBlocks > 1) kgen::wgmma_rs<kScaleBlock, 0>(part, a_fragments[kk], b_block, kk > 0);
-                        else kgen::wgmma_ss<kScaleBlock, 0>(part, a_descriptor + 2 * kk, b_block, kk > 0);
+                    for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {
+                        kgen::wgmma_ss<kScaleBlock, 0>(part, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kk > 0);
                     }
                     kgen::wgmma_commit();
                     kgen::wgmma_wait<0>();
                     kgen::fence_operands(part);
-                    if (column_block == kColumnBlocks - 1 && lane == 0) release(stage);
-                    const float scale[2] = {a_low * b_blocks[column_block], a_high * b_blocks[column_block]};
+                    if (lane == 0) release(stage);
+                    const float scale[2] = {a_low * b_blocks[0], a_high * b_blocks[0]};
 #pragma unroll
                     for (int j = 0; j < kScaleBlock / 8; ++j)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            acc[column_block * kScaleBlock / 8 + j][e] = fmaf(part[j][e], scale[e / 2], acc[column_block * kScaleBlock / 8 + j][e]);
+                        for (int e = 0; e < 4; ++e) acc[j][e] = fmaf(part[j][e], scale[e / 2], acc[j][e]);
                 }
                 continue;
             }
@@ -309,13 +352,13 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
         for (int j = 0; j < kOutBlocks; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[j][e] = kSwiglu ? rounded_swiglu(acc[j][e], acc[j + kOutBlocks][e]) : rounded(acc[j][e]);
-        // Into the warp's staging rows (every row: the copy below skips those past the group).
+        // Quantizing: each row's scale from its amax over the block's 128 columns (this thread's, then its row's four
+        // lanes'), before the passes.
+        [[maybe_unused]] float inverse[2] = {0.f, 0.f};
+        if constexpr (kQuantize) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            float inverse = 0.f;
-            if constexpr (kQuantize) {
+            for (int half = 0; half < 2; ++half) {
                 const long long row = tile.owner.first_row + thread_row + 8 * half;
-                // The row's amax over the block's 128 columns: this thread's, then its row's four lanes'.
                 float amax = 0.f;
 #pragma unroll
                 for (int j = 0; j < kOutBlocks; ++j) {
@@ -325,38 +368,48 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                 amax = kgen::max_keeping_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
                 amax = kgen::max_keeping_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
                 const float scale = kgen::e4m3_scale(amax);
-                inverse = 1.f / scale;
+                inverse[half] = 1.f / scale;
 {% if epilogue == "swiglu_quantize" %}{# the signature has scales and out_fp8 with this epilogue alone #}
                 if (lane % 4 == 0 && row < tile.owner.group_end) scales[(n0 / kTileN) * scales_stride + row] = scale;
 {% endif %}
             }
+        }
+        // Pass by pass: the pass's columns into the warp's staging rows (every row: the copy skips those past the
+        // group), then the rows inside the group, 16-byte pieces inside N (N is a multiple of 8; of 128 when
+        // quantizing), to out.
+        constexpr int kPassBlocks = kPassColumns / 8, kOutChunks = kPassColumns * static_cast<int>(sizeof(T)) / 16;
 #pragma unroll
-            for (int j = 0; j < kOutBlocks; ++j) {
-                const int offset = (thread_row + 8 * half) * kOutRowBytes + (8 * j + 2 * (lane % 4)) * static_cast<int>(sizeof(T));
-                *reinterpret_cast<unsigned*>(out_rows + offset) = kgen::pack2<T>(acc[j][2 * half], acc[j][2 * half + 1]);
-                if constexpr (kQuantize) {
-                    *reinterpret_cast<unsigned short*>(fp8_rows + (thread_row + 8 * half) * kFp8RowBytes + 8 * j + 2 * (lane % 4)) =
-                        kgen::to_e4m3x2(acc[j][2 * half] * inverse, acc[j][2 * half + 1] * inverse);
+        for (int pass = 0; pass < kTileN / kPassColumns; ++pass) {
+            const long long pass_n0 = n0 + pass * kPassColumns;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+#pragma unroll
+                for (int b = 0; b < kPassBlocks; ++b) {
+                    const int j = pass * kPassBlocks + b, row = thread_row + 8 * half;
+                    const int offset = row * kOutRowBytes + (8 * b + 2 * (lane % 4)) * static_cast<int>(sizeof(T));
+                    *reinterpret_cast<unsigned*>(out_rows + offset) = kgen::pack2<T>(acc[j][2 * half], acc[j][2 * half + 1]);
+                    if constexpr (kQuantize) {
+                        *reinterpret_cast<unsigned short*>(fp8_rows + row * kFp8RowBytes + 8 * b + 2 * (lane % 4)) =
+                            kgen::to_e4m3x2(acc[j][2 * half] * inverse[half], acc[j][2 * half + 1] * inverse[half]);
+                    }
                 }
             }
-        }
-        __syncwarp();
-        // The warp's rows inside the group, 16-byte pieces inside N (N is a multiple of 8; of 128 when quantizing).
-        constexpr int kOutChunks = kTileN * static_cast<int>(sizeof(T)) / 16;
-        for (int i = lane; i < 16 * kOutChunks; i += 32) {
-            const int tile_row = warp_row0 + i / kOutChunks, chunk = i % kOutChunks;
-            const long long row = tile.owner.first_row + tile_row, column = n0 + chunk * (16 / static_cast<int>(sizeof(T)));
-            if (row >= tile.owner.group_end || (kHasIncompleteTile && column >= num_n)) continue;
-            *reinterpret_cast<uint4*>(out + row * num_n + column) = *reinterpret_cast<const uint4*>(out_rows + tile_row * kOutRowBytes + 16 * chunk);
-        }
+            __syncwarp();
+            for (int i = lane; i < 16 * kOutChunks; i += 32) {
+                const int tile_row = warp_row0 + i / kOutChunks, chunk = i % kOutChunks;
+                const long long row = tile.owner.first_row + tile_row, column = pass_n0 + chunk * (16 / static_cast<int>(sizeof(T)));
+                if (row >= tile.owner.group_end || (kHasIncompleteTile && column >= num_n)) continue;
+                *reinterpret_cast<uint4*>(out + row * num_n + column) = *reinterpret_cast<const uint4*>(out_rows + tile_row * kOutRowBytes + 16 * chunk);
+            }
 {% if epilogue == "swiglu_quantize" %}
-        for (int i = lane; i < 16 * (kTileN / 16); i += 32) {
-            const int tile_row = warp_row0 + i / (kTileN / 16), chunk = i % (kTileN / 16);
-            const long long row = tile.owner.first_row + tile_row;
-            if (row >= tile.owner.group_end) continue;
-            *reinterpret_cast<uint4*>(out_fp8 + row * num_n + n0 + 16 * chunk) = *reinterpret_cast<const uint4*>(fp8_rows + tile_row * kFp8RowBytes + 16 * chunk);
-        }
+            for (int i = lane; i < 16 * (kPassColumns / 16); i += 32) {
+                const int tile_row = warp_row0 + i / (kPassColumns / 16), chunk = i % (kPassColumns / 16);
+                const long long row = tile.owner.first_row + tile_row;
+                if (row >= tile.owner.group_end) continue;
+                *reinterpret_cast<uint4*>(out_fp8 + row * num_n + pass_n0 + 16 * chunk) = *reinterpret_cast<const uint4*>(fp8_rows + tile_row * kFp8RowBytes + 16 * chunk);
+            }
 {% endif %}
-        __syncwarp();  // the rows are read before the next tile's results overwrite them
+            __syncwarp();  // the rows are read before the next pass's (or tile's) results overwrite them
+        }
     }
 }

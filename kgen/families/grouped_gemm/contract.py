@@ -21,6 +21,9 @@ _EPILOGUE_PARAMETERS = {"none": "", "swiglu": "", "swiglu_quantize": ", unsigned
 _MMA_PARAMETERS = {"mma_sync": "", "wgmma": "kgen::TmaDescriptor map_a, kgen::TmaDescriptor map_b, "}
 #: The wgmma kernel's TMA boxes: 128 rows by one 128-byte swizzle span of K.
 TMA_BOX_ROWS, TMA_SPAN_BYTES = 128, 128
+#: The wgmma kernel's epilogue stages its results EPILOGUE_PASS_COLUMNS columns at a time: the staging rows of a
+#: 128 x 256 tile's whole width would take the shared memory of a fourth stage.
+EPILOGUE_PASS_COLUMNS = 64
 
 
 def b_rows_per_column(epilogue: str) -> int:
@@ -38,10 +41,11 @@ def _grouped_gemm(params: Mapping[str, Any]) -> LaunchContract:
     stage_rows = params["tile_m"] + b_rows_per_column(params["epilogue"]) * params["tile_n"]
     if params["mma"] == "wgmma":
         # wgmma.cuh: num_warps consumer warps and a producer warpgroup; swizzled stages on a 1024-byte boundary,
-        # then a full and an empty mbarrier (8 bytes each) per stage, then the epilogue's staging rows (padded by
-        # 16 bytes): the result's, and the FP8 codes'.
+        # then a full and an empty mbarrier (8 bytes each) per stage, then the epilogue's staging rows of one pass's
+        # columns (padded by 16 bytes): the result's, and the FP8 codes'.
         threads = params["num_warps"] * 32 + WARPGROUP_THREADS
-        staging_row = params["tile_n"] * out_itemsize + 16 + (params["tile_n"] + 16 if params["epilogue"] == "swiglu_quantize" else 0)
+        columns = EPILOGUE_PASS_COLUMNS
+        staging_row = columns * out_itemsize + 16 + (columns + 16 if params["epilogue"] == "swiglu_quantize" else 0)
         smem = (SWIZZLE_ALIGNMENT + params["stages"] * (stage_rows * params["tile_k"] * itemsize + 16) +
                 params["tile_m"] * staging_row)
     else:
@@ -53,7 +57,8 @@ def _grouped_gemm(params: Mapping[str, Any]) -> LaunchContract:
         dynamic_smem_bytes=smem,
         cluster=params["cluster"],
         sizes={"tile_m": params["tile_m"], "tile_n": params["tile_n"], "tile_k": params["tile_k"], "box_rows": TMA_BOX_ROWS,
-               "result_bytes": out_itemsize, "scale_block": SCALE_BLOCK},
+               "result_bytes": out_itemsize, "scale_block": SCALE_BLOCK,
+               "pass_columns": EPILOGUE_PASS_COLUMNS},
         parameters={"grouped_gemm": parameters(_MMA_PARAMETERS[params["mma"]] + _COMMON + _EPILOGUE_PARAMETERS[params["epilogue"]])},
     )
 
