@@ -1,10 +1,9 @@
 """Every grouped GEMM kernel form on the GPU: a module-scoped, parametrised fixture that makes the op take each in
 turn, so one test file checks the wgmma kernel in single blocks and in clusters of two blocks sharing B tiles (the
-op's choices on sm_90, by the experts' average rows), at four stages (tests/specs/grouped_gemm_four_stages), and
-the mma_sync one (the choice elsewhere, and the reference). Import ``kernel`` into a test module; its tests then run
-once per form. The FP8 tests, on wgmma alone, take ``fp8_spec_path`` instead: the built-in 128 x 256 tile, the
-128 x 128 one (tests/specs/grouped_gemm_fp8_narrow), the 128 x 256 one in clusters
-(tests/specs/grouped_gemm_fp8_cluster) and at four stages."""
+op's choices on sm_90, by the experts' average rows), and the mma_sync one (the choice elsewhere, and the
+reference). Import ``kernel`` into a test module; its tests then run once per form. The FP8 tests, on wgmma alone,
+take ``fp8_spec_path`` instead: the built-in 128 x 256 tile, the 128 x 128 one (tests/specs/grouped_gemm_fp8_narrow)
+and the 128 x 256 one in clusters (tests/specs/grouped_gemm_fp8_cluster)."""
 
 from __future__ import annotations
 
@@ -19,13 +18,11 @@ from kgen.families.grouped_gemm import op
 from kgen.runtime.dispatch import planning_sm
 
 SPECS = Path(__file__).resolve().parent / "specs"
-FOUR_STAGES = SPECS / "grouped_gemm_four_stages"
-#: The op's kernel (``mma``), whether it runs in clusters, and the spec folder put ahead of the built-in one, per form.
-FORMS = {"wgmma": ("wgmma", False, None), "wgmma_cluster": ("wgmma", True, None),
-         "wgmma_four_stages": ("wgmma", False, FOUR_STAGES), "mma_sync": ("mma_sync", False, None)}
+#: The op's kernel (``mma``) and whether it runs in clusters, per form.
+FORMS = {"wgmma": ("wgmma", False), "wgmma_cluster": ("wgmma", True), "mma_sync": ("mma_sync", False)}
 #: The spec folder put ahead of the built-in one, and whether the op runs in clusters, per FP8 form.
 FP8_FORMS = {"built_in": (None, False), "fp8_narrow": (SPECS / "grouped_gemm_fp8_narrow", False),
-             "fp8_cluster": (SPECS / "grouped_gemm_fp8_cluster", True), "fp8_four_stages": (FOUR_STAGES, False)}
+             "fp8_cluster": (SPECS / "grouped_gemm_fp8_cluster", True)}
 
 
 def _needs_wgmma() -> None:
@@ -41,11 +38,10 @@ def taking_clusters(clusters: bool):
 
 @pytest.fixture(autouse=True, scope="module", params=list(FORMS))
 def kernel(request):
-    mma, clusters, spec_path = FORMS[request.param]
+    mma, clusters = FORMS[request.param]
     if mma == "wgmma":
         _needs_wgmma()
-    with mock.patch.object(op, "first_runnable", lambda *args, **kwargs: mma), taking_clusters(clusters), \
-            config.overrides(KGEN_SPEC_PATH=spec_path and str(spec_path)):
+    with mock.patch.object(op, "first_runnable", lambda *args, **kwargs: mma), taking_clusters(clusters):
         yield request.param
 
 

@@ -71,7 +71,6 @@ def test_the_op_launches_the_tile_under_test(fp8_spec_path):
         _, sizes, launchers = grouped_gemm_op.launchers(torch.cuda.current_device(), "e4m3", "none", 256, rows, 8, False)
         assert sizes["tile_n"] == (128 if fp8_spec_path == "fp8_narrow" else 256)
         assert [launcher.cluster for launcher in launchers] == [2 if fp8_spec_path == "fp8_cluster" else 1] * 2
-        assert all(("stages=4" in launcher.name) == (fp8_spec_path in ("fp8_narrow", "fp8_four_stages")) for launcher in launchers)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,8 +1,8 @@
 """The grouped GEMM's kernel forms against each other in one process, ABBA over rounds, at issue 26's prefill
 shapes: the op's own choice (built_in), single blocks and clusters of two sharing B tiles whatever the rows, and
-FP8's 128 x 128 tile (tests/specs/grouped_gemm_fp8_narrow), its 128 x 256 tile in clusters
-(tests/specs/grouped_gemm_fp8_cluster) and the built-in shapes at four stages (tests/specs/grouped_gemm_four_stages),
-each folder put ahead of the built-in spec.
+FP8's 128 x 128 tile (tests/specs/grouped_gemm_fp8_narrow) and its 128 x 256 tile in clusters
+(tests/specs/grouped_gemm_fp8_cluster), each folder put ahead of the built-in spec. Run with one form under each of
+two trees' kgen on PYTHONPATH, it is an A/B of the trees (the first JSON line names the kgen it imported).
 
     python3 tools/ab_grouped_gemm_forms.py [--rounds 2] [--tokens 4096,32768] [--routing balanced,zipf] [--forms a,b]
 
@@ -36,8 +36,7 @@ from grouped_gemm_kernels import taking_clusters  # noqa: E402
 SPECS = ROOT / "tests" / "specs"
 #: Per form: the spec folder put ahead of the built-in one, and clusters taken (True), not (False), or by the op.
 FORMS = {"built_in": (None, None), "single_blocks": (None, False), "clusters": (None, True),
-         "fp8_narrow": (SPECS / "grouped_gemm_fp8_narrow", None), "fp8_cluster": (SPECS / "grouped_gemm_fp8_cluster", True),
-         "four_stages": (SPECS / "grouped_gemm_four_stages", None)}
+         "fp8_narrow": (SPECS / "grouped_gemm_fp8_narrow", None), "fp8_cluster": (SPECS / "grouped_gemm_fp8_cluster", True)}
 
 
 @contextlib.contextmanager

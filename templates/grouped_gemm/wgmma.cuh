@@ -12,7 +12,7 @@
 {% include "common/swizzle.cuh" %}
 {% include "common/mma.cuh" %}
 {% include "common/tma.cuh" %}
-{% with wgmma_widths = ([tile_n if epilogue == "none" else 2 * tile_n] + ([contract.sizes.scale_block, 64] if dtype == "e4m3" else [])) | unique | list, wgmma_input = {"bf16": "bf16", "fp16": "f16", "e4m3": "e4m3"}[dtype] %}
+{% with wgmma_widths = ([tile_n if epilogue == "none" else 2 * tile_n] + ([contract.sizes.scale_block] if dtype == "e4m3" else [])) | unique | list, wgmma_input = {"bf16": "bf16", "fp16": "f16", "e4m3": "e4m3"}[dtype] %}
 {% include "common/wgmma.cuh" %}
 {% endwith %}
 {% include "common/warp_roles.cuh" %}
@@ -26,8 +26,6 @@ constexpr int kBoxRows = 128;                      // rows of one TMA box (the h
 constexpr int kRowBytes = kTileK * static_cast<int>(sizeof(TIn));
 constexpr int kABytes = kTileM * kRowBytes, kBBytes = kBRows * kRowBytes, kStageBytes = kABytes + kBBytes;
 constexpr int kBarrierBytes = 16 * kStages;       // a full and an empty mbarrier per stage
-// FP8 tiles of several 128-column scale blocks: the products' columns a part accumulator holds.
-constexpr int kChunkColumns = 64, kChunks = kTileN / kChunkColumns;
 // The epilogue stages each warp's 16 result rows in shared memory, kPassColumns columns at a time, and stores them
 // 16 bytes a lane, whole rows at a time; rows padded by 16 bytes, so the 8 rows of a warp's accumulator stores start
 // on distinct banks. Passes of a part of the columns leave shared memory for a fourth stage of the 128 x 256 tiles.
@@ -247,8 +245,8 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
             if constexpr (kFp8) {
                 // Two-level accumulation: this K block's product alone, then scaled by a's and b's scales and added
                 // to the fp32 result outside the tensor core, whose FP8 accumulation is narrower than fp32. A tile
-                // of several column blocks takes them in chunks, one after the other: two chunks' part accumulators
-                // (64 registers) beside the result's, where every block's would not fit.
+                // of two column blocks takes them one after the other: one block's part accumulators (64 registers)
+                // beside the result's, where both blocks' would not fit.
                 const float a_low = next_a_low, a_high = next_a_high;
                 float b_blocks[kColumnBlocks];
 #pragma unroll
@@ -265,57 +263,27 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                         kgen::ldmatrix_x4(a_fragments[kk], stage_a + row * kRowBytes + ((2 * kk + matrix / 2) ^ (row % 8)) * 16);
                     }
                 }
-                if constexpr (kColumnBlocks > 1) {
-                    // The tile's columns in chunks of kChunkColumns, each chunk's products into one of two part
-                    // accumulators: chunk c + 1's run on the tensor core while chunk c's are scaled and added.
-                    float parts[2][kChunkColumns / 8][4];
-                    const auto issue = [&](int chunk) {
-                        kgen::fence_operands(parts[chunk % 2]);  // its last additions stay before these products' issue
-                        kgen::wgmma_fence();
 #pragma unroll
-                        for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too
-                            kgen::wgmma_rs<kChunkColumns, 0>(parts[chunk % 2], a_fragments[kk],
-                                                             b_descriptor + chunk * (kChunkColumns * kRowBytes / 16) + 2 * kk, kk > 0);
-                        }
-                        kgen::wgmma_commit();
-                    };
-                    const auto add = [&](int chunk) {
-                        kgen::fence_operands(parts[chunk % 2]);
-                        const float b_block = b_blocks[chunk / (kScaleBlock / kChunkColumns)];
-                        const float scale[2] = {a_low * b_block, a_high * b_block};
-#pragma unroll
-                        for (int j = 0; j < kChunkColumns / 8; ++j)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e)
-                                acc[chunk * kChunkColumns / 8 + j][e] = fmaf(parts[chunk % 2][j][e], scale[e / 2], acc[chunk * kChunkColumns / 8 + j][e]);
-                    };
-                    issue(0);
-#pragma unroll
-                    for (int chunk = 1; chunk < kChunks; ++chunk) {
-                        issue(chunk);
-                        kgen::wgmma_wait<1>();
-                        add(chunk - 1);
-                    }
-                    kgen::wgmma_wait<0>();
-                    if (lane == 0) release(stage);
-                    add(kChunks - 1);
-                } else {  // one 128-column block, both operands from shared memory
+                for (int column_block = 0; column_block < kColumnBlocks; ++column_block) {
                     float part[kScaleBlock / 8][4];
                     kgen::fence_operands(acc);  // the last block's additions stay before these products' issue
                     kgen::wgmma_fence();
 #pragma unroll
-                    for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {
-                        kgen::wgmma_ss<kScaleBlock, 0>(part, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kk > 0);
+                    for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too
+                        const unsigned long long b_block = b_descriptor + column_block * (kScaleBlock * kRowBytes / 16) + 2 * kk;
+                        if constexpr (kColumnBlocks > 1) kgen::wgmma_rs<kScaleBlock, 0>(part, a_fragments[kk], b_block, kk > 0);
+                        else kgen::wgmma_ss<kScaleBlock, 0>(part, a_descriptor + 2 * kk, b_block, kk > 0);
                     }
                     kgen::wgmma_commit();
                     kgen::wgmma_wait<0>();
                     kgen::fence_operands(part);
-                    if (lane == 0) release(stage);
-                    const float scale[2] = {a_low * b_blocks[0], a_high * b_blocks[0]};
+                    if (column_block == kColumnBlocks - 1 && lane == 0) release(stage);
+                    const float scale[2] = {a_low * b_blocks[column_block], a_high * b_blocks[column_block]};
 #pragma unroll
                     for (int j = 0; j < kScaleBlock / 8; ++j)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) acc[j][e] = fmaf(part[j][e], scale[e / 2], acc[j][e]);
+                        for (int e = 0; e < 4; ++e)
+                            acc[column_block * kScaleBlock / 8 + j][e] = fmaf(part[j][e], scale[e / 2], acc[column_block * kScaleBlock / 8 + j][e]);
                 }
                 continue;
             }
