@@ -1,8 +1,10 @@
 """The chunked gated delta rule's training step: kgen against FlashQLA and fla, forward and forward + backward
 through each library's autograd, with the step's peak memory, in one run.
 
-Issue 24's shapes (sequences x length, H/HV), K = V = 128, bf16 q/k/v, fp32 g (logsigmoid(randn), strong decay)
-and beta, k L2-normalised, no initial state. A step is the forward, then ``torch.autograd.grad`` of
+Issue 24's bar shapes (sequences x length, H/HV: its table, and seed 000's sweep points, N = min(4096, 131072 // L)
+sequences of L tokens, 12/12), K = V = 128, bf16 q/k/v, fp32 g and beta, k L2-normalised, no initial state, under
+both gate regimes of the forward's issue: strong (logsigmoid(randn)) and FlashQLA's (those / 16, a quarter of the
+v-heads at 0). A step is the forward, then ``torch.autograd.grad`` of
 sum(o * do) for q, k, v, g and beta; beside it, kgen's forward then ``chunk_gated_delta_rule_bwd`` with
 ``per_chunk="kernel"``, whose gradients are compared with the autograd step's. Eager (autograd steps cannot be
 graph-replayed), timed by bench/common.time_cuda (median, L2 flushed between repeats, at least 10). Peak memory:
@@ -11,7 +13,7 @@ made once on the host; the peers (benchmarks only, never dependencies) run in ch
 on the same inputs: fla-core 0.6.0's ``chunk_gated_delta_rule`` (FLA_FLASH_QLA=0) and FlashQLA 0.1.3's (its
 autograd function; it compiles its kernels for each new shape on a fresh machine, several minutes in all, so it
 runs last). Rows are printed as they are measured. Each library's gradients are
-compared with kgen's (rel RMS of the five, the largest). Bar (issue 24, to resolve): kgen's forward + backward
+compared with kgen's (rel RMS of the five, the largest) up to COMPARED_MAX_TOKENS tokens. Bar (issue 24, to resolve): kgen's forward + backward
 <= FlashQLA's at every shape.
 
     PYTHONPATH=. python3 bench/bench_gdn_backward.py [--out DIR] [--gdn-peers fla,flashqla]
@@ -28,6 +30,7 @@ import torch
 
 from common import (add_peer_rows, default_out_dir, environment, gdn_peer, standalone_parser, summary_row,
                     time_cuda, verdict, write_results)
+from bench_gdn_chunk import flashqla_gates
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, plan_chunk_gated_delta_rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -35,17 +38,23 @@ from gdn_backward_reference import chunked_backward  # noqa: E402
 
 NAME = "bench_gdn_backward"
 HEAD_DIM = 128
-#: (sequences, length, H, HV): issue 24's table, and a small case (partial last chunks) where every library's
-#: gradients are also compared with float64 (tests/gdn_backward_reference.chunked_backward, pinned on the CPU to
-#: autograd through the per-token recurrence).
-SHAPES = [(1, 32768, 16, 32), (4096, 32, 12, 12), (2, 1000, 2, 4)]
+#: (sequences, length, H, HV, gates): issue 24's bar shapes under each gate regime, and a small case (partial last
+#: chunks) where every library's gradients are also compared with float64 (tests/gdn_backward_reference.
+#: chunked_backward, pinned on the CPU to autograd through the per-token recurrence).
+BAR_SHAPES = [(1, 32768, 16, 32), (1, 32768, 2, 8), (4, 8192, 16, 32), (8, 1024, 16, 32),
+              *((min(4096, 131072 // n), n, 12, 12) for n in (32, 63, 64, 65, 128, 1024))]
+SHAPES = [(*shape, gates) for gates in ("strong", "flashqla") for shape in BAR_SHAPES] + [(2, 1000, 2, 4, "strong")]
 F64_MAX_TOKENS = 4096
+#: Peers' gradients are compared with kgen's up to this many tokens: the sweep's 131072-token shapes' would carry
+#: about 1.2 GB each to the peers' processes.
+COMPARED_MAX_TOKENS = 32768
 #: Issue 24's accuracy bars: each gradient's rel RMS against float64, and at most this times each peer's.
 F64_BAR, F64_PEER_FACTOR = 1e-2, 1.5
 PEERS = ("fla", "flashqla")
 COLUMNS = [("shape", "shape", None)] + [
     (f"{lib}_{what}", f"{label} {unit}", fmt) for lib, label in (("kgen", "kgen"), ("flashqla", "FlashQLA"), ("fla", "fla"))
-    for what, unit, fmt in (("fwd_ms", "fwd ms", ".3f"), ("step_ms", "fwd+bwd ms", ".3f"), ("peak_gib", "peak GiB", ".2f"))
+    for what, unit, fmt in (("fwd_ms", "fwd ms", ".3f"), ("step_ms", "fwd+bwd ms", ".3f"),
+                            ("bwd_ms", "bwd ms (step - fwd)", ".3f"), ("peak_gib", "peak GiB", ".2f"))
 ] + [("kgen_kernel_step_ms", "kgen fwd+bwd ms, per-chunk kernel", ".3f"),
      ("kgen_kernel_grad_rms", "per-chunk kernel vs torch grads rel RMS", ".1e"),
      ("kgen_over_flashqla", "kgen/FlashQLA fwd+bwd", ".2f"), ("kgen_over_fla", "kgen/fla fwd+bwd", ".2f"),
@@ -56,13 +65,15 @@ COLUMNS = [("shape", "shape", None)] + [
 
 
 def inputs(shape) -> tuple[torch.Tensor, ...]:
-    seqs, length, heads, heads_v = shape
+    seqs, length, heads, heads_v, gates = shape
     gen = torch.Generator(device="cuda").manual_seed(seqs * length + heads_v)
     total = seqs * length
     q = torch.randn(1, total, heads, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
     k = torch.nn.functional.normalize(torch.randn(1, total, heads, HEAD_DIM, generator=gen, device="cuda"), dim=-1)
     v = torch.randn(1, total, heads_v, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
     g = torch.nn.functional.logsigmoid(torch.randn(1, total, heads_v, generator=gen, device="cuda"))
+    if gates == "flashqla":
+        g = flashqla_gates(g)
     beta = torch.rand(1, total, heads_v, generator=gen, device="cuda")
     do = torch.randn(v.shape, generator=gen, device="cuda", dtype=torch.bfloat16)
     cu = torch.arange(seqs + 1, dtype=torch.int32) * length
@@ -91,7 +102,9 @@ def measured(library: str, forward: Callable[..., torch.Tensor], tensors) -> tup
     step()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - before) / 2**30
-    return {f"{library}_fwd_ms": fwd_ms, f"{library}_step_ms": _step_ms(step), f"{library}_peak_gib": peak}, grads
+    step_ms = _step_ms(step)
+    return {f"{library}_fwd_ms": fwd_ms, f"{library}_step_ms": step_ms, f"{library}_bwd_ms": step_ms - fwd_ms,
+            f"{library}_peak_gib": peak}, grads
 
 
 def kgen_row(shape) -> tuple[dict[str, Any], list[torch.Tensor]]:
@@ -148,7 +161,8 @@ def peer_rows(library: str, comparisons: list[tuple[list[torch.Tensor], list[tor
             return fn(q, k, v, g, beta, cu_seqlens=cu_long)[0]
         try:
             row, grads = measured(library, forward, tensors)
-            row[f"{library}_grad_rms"] = _largest_rel_rms(grads, [w.cuda() for w in want])
+            if want is not None:
+                row[f"{library}_grad_rms"] = _largest_rel_rms(grads, [w.cuda() for w in want])
             rows.append({f"{library}_status": "ok", **with_f64_error(library, row, grads, reference)})
         except Exception as exc:
             rows.append({f"{library}_status": f"failed: {type(exc).__name__}: {exc}"[:200]})
@@ -165,9 +179,9 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
     for shape in SHAPES:
         row, grads = kgen_row(shape)
         reference = reference_grads(shape)
-        rows.append({"shape": f"{shape[0]}x{shape[1]} {shape[2]}/{shape[3]}", **with_f64_error("kgen", row, grads, reference)})
+        rows.append({"shape": f"{shape[0]}x{shape[1]} {shape[2]}/{shape[3]} {shape[4]}", **with_f64_error("kgen", row, grads, reference)})
         print(rows[-1], flush=True)
-        comparisons.append(([x.cpu() for x in grads], reference))
+        comparisons.append(([x.cpu() for x in grads] if shape[0] * shape[1] <= COMPARED_MAX_TOKENS else None, reference))
         torch.cuda.empty_cache()
     for library in peers:
         add_peer_rows(rows, library, peer_rows, comparisons, time_key="step_ms")
