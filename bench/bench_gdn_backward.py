@@ -80,6 +80,10 @@ def inputs(shape) -> tuple[torch.Tensor, ...]:
     return q, k.to(torch.bfloat16), v, g, beta, do, cu
 
 
+def _label(shape: tuple) -> str:
+    return f"{shape[0]}x{shape[1]} {shape[2]}/{shape[3]} {shape[4]}"
+
+
 def _step_ms(fn: Callable[[], Any]) -> float:
     return time_cuda(fn, warmup_ms=100, rep_ms=500)
 
@@ -146,14 +150,14 @@ def with_f64_error(library: str, row: dict[str, Any], grads, reference) -> dict[
     return row
 
 
-def peer_rows(library: str, comparisons: list[tuple[list[torch.Tensor], list[torch.Tensor] | None]]
+def peer_rows(library: str, shapes: list[tuple], comparisons: list[tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]]
               ) -> list[dict[str, Any]]:
     """A peer's rows (in a child process: a fault there must not end this run)."""
     fn, status = gdn_peer(library, "chunk_gated_delta_rule")
     if fn is None:
-        return [{f"{library}_status": status}] * len(SHAPES)
+        return [{f"{library}_status": status}] * len(shapes)
     rows = []
-    for shape, (want, reference) in zip(SHAPES, comparisons):
+    for shape, (want, reference) in zip(shapes, comparisons):
         tensors = inputs(shape)
         cu_long = tensors[-1].to("cuda", torch.long)
 
@@ -175,16 +179,17 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
     peers = [p.strip() for p in options.gdn_peers.split(",") if p.strip()]
     if set(peers) - set(PEERS):
         raise ValueError(f"--gdn-peers: expected names from {PEERS}, got {options.gdn_peers!r}")
+    shapes = [shape for shape in SHAPES if options.gdn_backward_shapes in _label(shape)]
     rows, comparisons = [], []
-    for shape in SHAPES:
+    for shape in shapes:
         row, grads = kgen_row(shape)
         reference = reference_grads(shape)
-        rows.append({"shape": f"{shape[0]}x{shape[1]} {shape[2]}/{shape[3]} {shape[4]}", **with_f64_error("kgen", row, grads, reference)})
+        rows.append({"shape": _label(shape), **with_f64_error("kgen", row, grads, reference)})
         print(rows[-1], flush=True)
         comparisons.append(([x.cpu() for x in grads] if shape[0] * shape[1] <= COMPARED_MAX_TOKENS else None, reference))
         torch.cuda.empty_cache()
     for library in peers:
-        add_peer_rows(rows, library, peer_rows, comparisons, time_key="step_ms")
+        add_peer_rows(rows, library, peer_rows, shapes, comparisons, time_key="step_ms")
     for row in rows:
         print(row, flush=True)
     write_results(out_dir, NAME, "Gated delta rule training step (forward + backward)", rows, COLUMNS, environment(),
@@ -213,6 +218,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"comma-separated peers of the training step, in order (default {','.join(PEERS)}; empty: "
                             "kgen alone). A fresh machine compiles FlashQLA's kernels for minutes: one peer a device "
                             "call fits its limit")
+    group.add_argument("--gdn-backward-shapes", default="", metavar="TEXT",
+                       help="only the shapes whose label (such as '4096x32 12/12 strong') contains TEXT")
 
 
 def main(argv: list[str] | None = None) -> int:
