@@ -1,8 +1,9 @@
 // The wgmma kernel (sm_90a), persistent and warp-specialised: a grid of at most one block per SM, each taking the
 // tiles blockIdx.x, blockIdx.x + gridDim.x, ... of the raster, so the producer loads a block's next tile while
-// its consumers store the last. Warpgroup 0 is the producer: one thread issues the TMA loads of a stage, A's kTileM x 64 box and B's kBRows rows as boxes of 128 (the column tile's halves, or SwiGLU's gate
-// and up tiles), into kStages stages, each with a full mbarrier (TMA's bytes landed) and an empty one (every
-// consumer warp is done reading). Each consumer warpgroup owns 64 rows: per stage four wgmma m64 x kBRows x k16
+// its consumers store the last. Warpgroup 0 is the producer: warp 1 finds the block's tiles (the walk of offs)
+// up to kScheduleSlots ahead, and one thread of warp 0 issues the TMA loads of a stage, A's kTileM x 64 box and B's
+// kBRows rows as boxes of 128 (the column tile's halves, or SwiGLU's gate and up tiles), into kStages stages, each
+// with a full mbarrier (TMA's bytes landed) and an empty one (every consumer warp is done reading). Each consumer warpgroup owns 64 rows: per stage four wgmma m64 x kBRows x k16
 // from shared memory into its fp32 accumulators, the products of one stage in flight while the next stage's are
 // issued (FP8: four k32 products per 128-wide K block into the block's own accumulators, waited for, then scaled
 // and added to the result's). SwiGLU's gate and up tiles lie one after the other in shared memory, so one wgmma computes both: a
@@ -26,6 +27,10 @@ constexpr int kBoxRows = 128;                      // rows of one TMA box (the h
 constexpr int kRowBytes = kTileK * static_cast<int>(sizeof(TIn));
 constexpr int kABytes = kTileM * kRowBytes, kBBytes = kBRows * kRowBytes, kStageBytes = kABytes + kBBytes;
 constexpr int kBarrierBytes = 16 * kStages;       // a full and an empty mbarrier per stage
+// The tiles found ahead of the loads: the walk of offs takes several thousand cycles at hundreds of experts, which
+// in the loading warp delayed each tile's first stage past the consumers' epilogue (ncu, bench/NOTES.md,
+// thirty-first session).
+constexpr int kScheduleSlots = 2;
 // The epilogue stages each warp's 16 result rows in shared memory, kPassColumns columns at a time, and stores them
 // 16 bytes a lane, whole rows at a time; rows padded by 16 bytes, so the 8 rows of a warp's accumulator stores start
 // on distinct banks. Passes of a part of the columns leave shared memory for a fourth stage of the 128 x 256 tiles.
@@ -69,6 +74,12 @@ struct ClusterTile {
     bool shares_b;
 };
 
+// The schedule's slots: a tile found (expert -1: the block's work ends) and a full and an empty mbarrier each.
+struct Schedule {
+    ClusterTile tiles[kScheduleSlots];
+    alignas(8) unsigned long long full[kScheduleSlots], empty[kScheduleSlots];
+};
+
 __device__ __forceinline__ ClusterTile cluster_tile(long long unit, unsigned rank, const int* offs, long long num_experts,
                                                     long long num_rows, long long masked_rows, long long row_tiles,
                                                     long long column_tiles) {
@@ -96,12 +107,17 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     // The tile whose first K step a stage holds, written by the producer before the stage's loads: the consumers
     // read it once the stage's full barrier completes (its arrival releases the write, their wait acquires it).
     __shared__ BlockTile stage_tiles[kStages];
+    __shared__ Schedule schedule;
     // In a cluster every consumer warp of both blocks releases each stage (the peer's copies of a shared B tile
     // land in it), and a block leaves only with its peer, which may arrive on its barriers until then.
     if (threadIdx.x == 0) {
         for (int stage = 0; stage < kStages; ++stage) {
             kgen::mbarrier_init(barriers.full(stage), 1);
             kgen::mbarrier_init(barriers.empty(stage), kConsumerWarps * kCluster);
+        }
+        for (int slot = 0; slot < kScheduleSlots; ++slot) {
+            kgen::mbarrier_init(kgen::smem_addr(&schedule.full[slot]), 1);
+            kgen::mbarrier_init(kgen::smem_addr(&schedule.empty[slot]), 1);
         }
         kgen::mbarrier_init_fence();
     }
@@ -116,30 +132,47 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     const int warp = kgen::warp_index(), lane = threadIdx.x % 32;
 
     if (warp < 4) {
-        // ---- Producer: warp 0 finds the block's tiles (unit blockIdx.x / kCluster, then every (gridDim.x /
-        // kCluster)-th, skipping row tiles past the last expert's), lane 0 loads their K steps, and after the last a
-        // stage with no tile ends the work.
         kgen::release_registers<kProducerRegisters>();
+        [[maybe_unused]] const unsigned rank = kCluster > 1 ? kgen::cluster_rank() : 0u;
+        if (warp == 1) {
+            // ---- Scheduler: the block's tiles (unit blockIdx.x / kCluster, then every (gridDim.x / kCluster)-th,
+            // skipping row tiles past the last expert's) into the schedule's slots, then one with no tile.
+            int found = 0;
+            for (long long unit = blockIdx.x / kCluster;; unit += gridDim.x / kCluster) {
+                const bool done = unit >= num_units;
+                ClusterTile next = {BlockTile{TileOwner{-1, 0, 0}, 0}, false};
+                if (!done) {
+                    if constexpr (kCluster > 1) next = cluster_tile(unit, rank, offs, num_experts, num_rows, masked_rows, row_tiles, column_tiles);
+                    else next.tile = block_tile(unit, offs, num_experts, num_rows, masked_rows, row_tiles, column_tiles);
+                    if (next.tile.owner.expert < 0) continue;
+                }
+                const int slot = found % kScheduleSlots;
+                // A fresh barrier's previous phase counts as complete, so the first round does not wait.
+                kgen::mbarrier_wait(kgen::smem_addr(&schedule.empty[slot]), ((found / kScheduleSlots) & 1) ^ 1);
+                if (lane == 0) {
+                    schedule.tiles[slot] = next;
+                    kgen::mbarrier_arrive(kgen::smem_addr(&schedule.full[slot]));  // releases the write
+                }
+                ++found;
+                if (done) break;
+            }
+        }
         if (warp != 0) {
             leave();
             return;
         }
-        [[maybe_unused]] const unsigned rank = kCluster > 1 ? kgen::cluster_rank() : 0u;
+        // ---- Loads: the scheduled tiles' K steps from lane 0, and after the last a stage with no tile ends the
+        // consumers' work.
         int step = 0;  // K steps issued, over all of the block's tiles
-        for (long long unit = blockIdx.x / kCluster;; unit += gridDim.x / kCluster) {
-            const bool done = unit >= num_units;
-            BlockTile tile = {TileOwner{-1, 0, 0}, 0};
-            [[maybe_unused]] bool shares_b = false;
-            if (!done) {
-                if constexpr (kCluster > 1) {
-                    const ClusterTile found = cluster_tile(unit, rank, offs, num_experts, num_rows, masked_rows, row_tiles, column_tiles);
-                    tile = found.tile;
-                    shares_b = found.shares_b;
-                } else {
-                    tile = block_tile(unit, offs, num_experts, num_rows, masked_rows, row_tiles, column_tiles);
-                }
-                if (tile.owner.expert < 0) continue;
-            }
+        for (int taken = 0;; ++taken) {
+            const int slot = taken % kScheduleSlots;
+            kgen::mbarrier_wait(kgen::smem_addr(&schedule.full[slot]), (taken / kScheduleSlots) & 1);
+            const ClusterTile scheduled = schedule.tiles[slot];
+            __syncwarp();  // every lane has read the slot before it is released
+            if (lane == 0) kgen::mbarrier_arrive(kgen::smem_addr(&schedule.empty[slot]));
+            const BlockTile tile = scheduled.tile;
+            [[maybe_unused]] const bool shares_b = scheduled.shares_b;
+            const bool done = tile.owner.expert < 0;
             if (lane == 0) {
                 // TMA coordinates are 32-bit: the host keeps a's and b's rows below 2^31.
                 const int a_row = static_cast<int>(tile.owner.first_row);
