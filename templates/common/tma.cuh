@@ -125,10 +125,8 @@ __device__ __forceinline__ void tma_store_3d(const TmaDescriptor* map, unsigned 
 
 __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 
-// Until all but the kPending most recent of the calling thread's committed stores have read their shared memory
-// (it may be reused after).
-template <int kPending = 0>
-__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(kPending) : "memory"); }
+// Until the committed stores have read their shared memory (it may be reused after).
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
 }  // namespace kgen
 {% endraw %}

@@ -31,21 +31,14 @@ constexpr int kBarrierBytes = 16 * kStages;       // a full and an empty mbarrie
 // in the loading warp delayed each tile's first stage past the consumers' epilogue (ncu, bench/NOTES.md,
 // thirty-first session).
 constexpr int kScheduleSlots = 2;
-// The epilogue stages each warp's 16 result rows in shared memory, kPassColumns columns (one 128-byte swizzle span)
-// at a time, in kOutBuffers buffers taken in turn, each warp's rows in TMA's 128-byte swizzle (16-byte piece c of
-// row r at c ^ (r % 8): the 8 rows of a warp's accumulator stores hit distinct banks). A warp whose 16 rows are all
-// its group's stores them by one TMA box of out, waited for only when its buffer comes round again; one whose rows
-// end inside the group stores 16 bytes a lane, the rows inside the group alone. Passes of a part of the columns
-// leave shared memory for a fourth stage of the 128 x 256 tiles; quantizing, the FP8 codes' rows (padded by 16
-// bytes) take the second buffer's place.
-constexpr int kPassColumns = {{ contract.sizes.pass_columns }}, kOutBoxRows = {{ contract.sizes.out_box_rows }};
-constexpr int kOutRowBytes = kPassColumns * static_cast<int>(sizeof(T)), kFp8RowBytes = kPassColumns + 16;
-static_assert(kTileN % kPassColumns == 0 && kOutRowBytes == 128 && kOutBoxRows == 16,
-              "the epilogue's passes and boxes differ from the tile, a swizzle span and a warp's rows");
-constexpr int kOutBuffers = kQuantize ? 1 : 2;
-constexpr int kOutBufferBytes = kTileM * kOutRowBytes;  // 16 warps' boxes, each whole 1024-byte swizzle atoms
-constexpr int kStagingBytes = kOutBuffers * kOutBufferBytes + (kQuantize ? kTileM * kFp8RowBytes : 0);
-constexpr int kDynamicSmemBytes = kgen::kSwizzleAlignment + kStages * kStageBytes + kStagingBytes + kBarrierBytes;
+// The epilogue stages each warp's 16 result rows in shared memory, kPassColumns columns at a time, and stores them
+// 16 bytes a lane, whole rows at a time; rows padded by 16 bytes, so the 8 rows of a warp's accumulator stores start
+// on distinct banks. Passes of a part of the columns leave shared memory for a fourth stage of the 128 x 256 tiles.
+constexpr int kPassColumns = {{ contract.sizes.pass_columns }};
+static_assert(kTileN % kPassColumns == 0 && kPassColumns % 16 == 0, "the epilogue's passes differ from the tile");
+constexpr int kOutRowBytes = kPassColumns * static_cast<int>(sizeof(T)) + 16, kFp8RowBytes = kPassColumns + 16;
+constexpr int kStagingBytes = kTileM * (kOutRowBytes + (kQuantize ? kFp8RowBytes : 0));
+constexpr int kDynamicSmemBytes = kgen::kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes + kStagingBytes;
 // The producer only issues copies; the consumers hold kBRows / 2 accumulators each.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 
@@ -110,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     extern __shared__ unsigned char smem_bytes[];
     const unsigned smem = kgen::align_up<kgen::kSwizzleAlignment>(kgen::smem_addr(smem_bytes));
-    const Barriers barriers{smem + kStages * kStageBytes + kStagingBytes};
+    const Barriers barriers{smem + kStages * kStageBytes};
     // The tile whose first K step a stage holds, written by the producer before the stage's loads: the consumers
     // read it once the stage's full barrier completes (its arrival releases the write, their wait acquires it).
     __shared__ BlockTile stage_tiles[kStages];
@@ -236,13 +229,14 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     const int group = consumer_thread / kgen::kWarpgroupThreads;
     const int warp_row0 = 64 * group + 16 * ((consumer_thread / 32) % 4);  // this warp's 16 rows of the tile
     const int thread_row = warp_row0 + lane / 4;
+    unsigned char* const out_rows = smem_bytes + (smem - kgen::smem_addr(smem_bytes)) + kStages * kStageBytes + kBarrierBytes;
+    [[maybe_unused]] unsigned char* const fp8_rows = out_rows + kTileM * kOutRowBytes;
     float acc[kBRows / 8][4];  // set by each tile's first product (FP8: zeroed at its start), or zeros below for K = 0
     for (int step = 0;; ) {
         const int first_stage = step % kStages;
         kgen::mbarrier_wait(barriers.full(first_stage), (step / kStages) & 1);
         const BlockTile tile = stage_tiles[first_stage];
         if (tile.owner.expert < 0) {
-            if (lane == 0) kgen::tma_store_wait_read();  // the block's shared memory outlives its stores' reads
             leave();
             return;
         }
@@ -381,58 +375,34 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
 {% endif %}
             }
         }
-        // Pass by pass: the pass's columns into the warp's staging rows (every row), then to out: by TMA where all 16
-        // rows are the group's, else the rows inside the group by the lanes, 16-byte pieces inside N (N is a multiple
-        // of 8; of 128 when quantizing). Quantizing, the FP8 codes by the lanes.
-        // (FP8 stores by the lanes alone: the TMA store's registers made its main loop spill.)
-        const bool whole_box = !kFp8 && tile.owner.first_row + warp_row0 + kOutBoxRows <= tile.owner.group_end;
-        // This warp's staging rows in buffer 0 (its box, 1024-byte aligned), and its FP8 codes' rows (made here, not
-        // held through the main loop, where the FP8 kernel has no registers to spare).
-        unsigned char* const staging = smem_bytes + (smem - kgen::smem_addr(smem_bytes)) + kStages * kStageBytes;
-        unsigned char* const out_box = staging + warp_row0 * kOutRowBytes;
-        [[maybe_unused]] unsigned char* const fp8_rows = staging + kOutBuffers * kOutBufferBytes;
-        constexpr int kPassBlocks = kPassColumns / 8, kOutChunks = kOutRowBytes / 16;
+        // Pass by pass: the pass's columns into the warp's staging rows (every row: the copy skips those past the
+        // group), then the rows inside the group, 16-byte pieces inside N (N is a multiple of 8; of 128 when
+        // quantizing), to out.
+        constexpr int kPassBlocks = kPassColumns / 8, kOutChunks = kPassColumns * static_cast<int>(sizeof(T)) / 16;
 #pragma unroll
         for (int pass = 0; pass < kTileN / kPassColumns; ++pass) {
             const long long pass_n0 = n0 + pass * kPassColumns;
-            unsigned char* const box = out_box + (pass % kOutBuffers) * kOutBufferBytes;
-            if (lane == 0) kgen::tma_store_wait_read<kOutBuffers - 1>();  // the buffer's last store has read it
-            __syncwarp();
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-                const int row = lane / 4 + 8 * half;  // of the warp's 16
 #pragma unroll
                 for (int b = 0; b < kPassBlocks; ++b) {
-                    const int j = pass * kPassBlocks + b;
-                    *reinterpret_cast<unsigned*>(box + row * kOutRowBytes + ((b ^ (row % 8)) * 16) + 4 * (lane % 4)) =
-                        kgen::pack2<T>(acc[j][2 * half], acc[j][2 * half + 1]);
+                    const int j = pass * kPassBlocks + b, row = thread_row + 8 * half;
+                    const int offset = row * kOutRowBytes + (8 * b + 2 * (lane % 4)) * static_cast<int>(sizeof(T));
+                    *reinterpret_cast<unsigned*>(out_rows + offset) = kgen::pack2<T>(acc[j][2 * half], acc[j][2 * half + 1]);
                     if constexpr (kQuantize) {
-                        *reinterpret_cast<unsigned short*>(fp8_rows + (warp_row0 + row) * kFp8RowBytes + 8 * b + 2 * (lane % 4)) =
+                        *reinterpret_cast<unsigned short*>(fp8_rows + row * kFp8RowBytes + 8 * b + 2 * (lane % 4)) =
                             kgen::to_e4m3x2(acc[j][2 * half] * inverse[half], acc[j][2 * half + 1] * inverse[half]);
                     }
                 }
             }
-            if (whole_box) {
-                kgen::fence_proxy_async_shared();  // these writes before the store's reads
-                __syncwarp();
-                if (lane == 0) {
-                    kgen::tma_store_3d(&map_out, kgen::smem_addr(box), static_cast<int>(pass_n0), 0,
-                                       static_cast<int>(tile.owner.first_row + warp_row0));
-                    kgen::tma_store_commit();
-                }
-            } else {
-                __syncwarp();
-                for (int i = lane; i < kOutBoxRows * kOutChunks; i += 32) {
-                    const int row = i / kOutChunks, chunk = i % kOutChunks;
-                    const long long out_row = tile.owner.first_row + warp_row0 + row;
-                    const long long column = pass_n0 + chunk * (16 / static_cast<int>(sizeof(T)));
-                    if (out_row >= tile.owner.group_end || (kHasIncompleteTile && column >= num_n)) continue;
-                    *reinterpret_cast<uint4*>(out + out_row * num_n + column) =
-                        *reinterpret_cast<const uint4*>(box + row * kOutRowBytes + ((chunk ^ (row % 8)) * 16));
-                }
+            __syncwarp();
+            for (int i = lane; i < 16 * kOutChunks; i += 32) {
+                const int tile_row = warp_row0 + i / kOutChunks, chunk = i % kOutChunks;
+                const long long row = tile.owner.first_row + tile_row, column = pass_n0 + chunk * (16 / static_cast<int>(sizeof(T)));
+                if (row >= tile.owner.group_end || (kHasIncompleteTile && column >= num_n)) continue;
+                *reinterpret_cast<uint4*>(out + row * num_n + column) = *reinterpret_cast<const uint4*>(out_rows + tile_row * kOutRowBytes + 16 * chunk);
             }
 {% if epilogue == "swiglu_quantize" %}
-            __syncwarp();
             for (int i = lane; i < 16 * (kPassColumns / 16); i += 32) {
                 const int tile_row = warp_row0 + i / (kPassColumns / 16), chunk = i % (kPassColumns / 16);
                 const long long row = tile.owner.first_row + tile_row;

@@ -17,15 +17,13 @@ FP8_RESULT_DTYPE = "bf16"
 SCALE_BLOCK = 128
 #: Per epilogue: swiglu_quantize also writes the FP8 codes and their MN-major scales.
 _EPILOGUE_PARAMETERS = {"none": "", "swiglu": "", "swiglu_quantize": ", unsigned char* out_fp8, float* scales, long long scales_stride"}
-#: Per kernel: wgmma loads a and b by TMA, through descriptors of boxes of TMA_BOX_ROWS rows, and stores whole
-#: warps' rows of out through boxes of OUT_BOX_ROWS rows.
-_MMA_PARAMETERS = {"mma_sync": "", "wgmma": "kgen::TmaDescriptor map_a, kgen::TmaDescriptor map_b, kgen::TmaDescriptor map_out, "}
+#: Per kernel: wgmma loads a and b by TMA, through descriptors of boxes of TMA_BOX_ROWS rows.
+_MMA_PARAMETERS = {"mma_sync": "", "wgmma": "kgen::TmaDescriptor map_a, kgen::TmaDescriptor map_b, "}
 #: The wgmma kernel's TMA boxes: 128 rows by one 128-byte swizzle span of K.
 TMA_BOX_ROWS, TMA_SPAN_BYTES = 128, 128
-#: The wgmma kernel's epilogue stages its results EPILOGUE_PASS_COLUMNS columns (one swizzle span of 16-bit values)
-#: at a time, in two buffers (one beside swiglu_quantize's FP8 codes), each warp's 16 rows a TMA box of out: the
-#: staging rows of a 128 x 256 tile's whole width would take the shared memory of a fourth stage.
-EPILOGUE_PASS_COLUMNS, OUT_BOX_ROWS = 64, 16
+#: The wgmma kernel's epilogue stages its results EPILOGUE_PASS_COLUMNS columns at a time: the staging rows of a
+#: 128 x 256 tile's whole width would take the shared memory of a fourth stage.
+EPILOGUE_PASS_COLUMNS = 64
 
 
 def b_rows_per_column(epilogue: str) -> int:
@@ -43,11 +41,11 @@ def _grouped_gemm(params: Mapping[str, Any]) -> LaunchContract:
     stage_rows = params["tile_m"] + b_rows_per_column(params["epilogue"]) * params["tile_n"]
     if params["mma"] == "wgmma":
         # wgmma.cuh: num_warps consumer warps and a producer warpgroup; swizzled stages on a 1024-byte boundary,
-        # then the epilogue's swizzled staging buffers of one pass's columns (the FP8 codes' rows padded by 16
-        # bytes), then a full and an empty mbarrier (8 bytes each) per stage.
+        # then a full and an empty mbarrier (8 bytes each) per stage, then the epilogue's staging rows of one pass's
+        # columns (padded by 16 bytes): the result's, and the FP8 codes'.
         threads = params["num_warps"] * 32 + WARPGROUP_THREADS
-        columns, quantize = EPILOGUE_PASS_COLUMNS, params["epilogue"] == "swiglu_quantize"
-        staging_row = (1 if quantize else 2) * columns * out_itemsize + (columns + 16 if quantize else 0)
+        columns = EPILOGUE_PASS_COLUMNS
+        staging_row = columns * out_itemsize + 16 + (columns + 16 if params["epilogue"] == "swiglu_quantize" else 0)
         smem = (SWIZZLE_ALIGNMENT + params["stages"] * (stage_rows * params["tile_k"] * itemsize + 16) +
                 params["tile_m"] * staging_row)
     else:
@@ -60,7 +58,7 @@ def _grouped_gemm(params: Mapping[str, Any]) -> LaunchContract:
         cluster=params["cluster"],
         sizes={"tile_m": params["tile_m"], "tile_n": params["tile_n"], "tile_k": params["tile_k"], "box_rows": TMA_BOX_ROWS,
                "result_bytes": out_itemsize, "scale_block": SCALE_BLOCK,
-               "pass_columns": EPILOGUE_PASS_COLUMNS, "out_box_rows": OUT_BOX_ROWS},
+               "pass_columns": EPILOGUE_PASS_COLUMNS},
         parameters={"grouped_gemm": parameters(_MMA_PARAMETERS[params["mma"]] + _COMMON + _EPILOGUE_PARAMETERS[params["epilogue"]])},
     )
 

@@ -10,7 +10,7 @@ import torch
 
 from kgen import registry
 from kgen.dtypes import ELEMENT_TYPES
-from kgen.families.grouped_gemm.contract import OUT_BOX_ROWS, SCALE_BLOCK, TMA_BOX_ROWS, TMA_SPAN_BYTES, result_dtype
+from kgen.families.grouped_gemm.contract import SCALE_BLOCK, TMA_BOX_ROWS, TMA_SPAN_BYTES, result_dtype
 from kgen.families.quantize_fp8_blockwise.contract import BLOCK as QUANTIZE_BLOCK
 from kgen.families.quantize_fp8_blockwise.op import new_results as new_fp8_results
 from kgen.runtime import tma
@@ -271,7 +271,7 @@ def _launch(epilogue: str, a, b, groups: Groups, out, **extra) -> None:
     grid = row_tiles * column_tiles
     kernel = incomplete if columns % sizes["tile_n"] or depth % sizes["tile_k"] else full
     if mma == "wgmma":  # persistent: a block per SM at most, each taking every grid-th tile
-        extra.update(_maps(a, b, out, rows, depth))
+        extra.update(_maps(a, b, rows, depth))
         if kernel.cluster == 1:
             grid = min(grid, _sm_count(device))
         else:  # clusters take row tiles kernel.cluster at a time: as many clusters as run at once, or as units
@@ -323,15 +323,13 @@ def _sm_count(device: int) -> int:
 _descriptors = tma.DescriptorCache()
 
 
-def _maps(a, b, out, rows: int, depth: int) -> dict:
-    """map_a, map_b and map_out: a's rows and b's rows (every expert's, one after the other) as [rows, 1, K]
-    tensors of TMA boxes of TMA_BOX_ROWS rows by one swizzle span of K, and out's rows as [rows, 1, N] ones of
-    boxes of OUT_BOX_ROWS rows by one span of N."""
-    b_rows, columns = b.shape[0] * b.shape[1], out.shape[-1]
+def _maps(a, b, rows: int, depth: int) -> dict:
+    """map_a and map_b: a's rows and b's rows (every expert's, one after the other) as [rows, 1, K] tensors of
+    TMA boxes of TMA_BOX_ROWS rows by one swizzle span of K."""
+    b_rows = b.shape[0] * b.shape[1]
     for name, count in (("a", rows), ("b", b_rows)):
         if count > _MAX_TMA_ROWS:
             raise ValueError(f"{name}: {count} rows exceed the {_MAX_TMA_ROWS} that TMA's 32-bit coordinates reach")
-    maps = _descriptors.get((a.device.index, a.dtype, out.dtype, rows, b_rows, depth, columns), tma.TensorMaps,
-                            {"a": TMA_BOX_ROWS, "b": TMA_BOX_ROWS, "out": OUT_BOX_ROWS}, TMA_SPAN_BYTES)
-    return {"map_a": maps.get("a", a.view(rows, 1, depth)), "map_b": maps.get("b", b.view(b_rows, 1, depth)),
-            "map_out": maps.get("out", out.view(rows, 1, columns))}
+    maps = _descriptors.get((a.device.index, a.dtype, rows, b_rows, depth), tma.TensorMaps,
+                            {"a": TMA_BOX_ROWS, "b": TMA_BOX_ROWS}, TMA_SPAN_BYTES)
+    return {"map_a": maps.get("a", a.view(rows, 1, depth)), "map_b": maps.get("b", b.view(b_rows, 1, depth))}
