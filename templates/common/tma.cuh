@@ -91,12 +91,6 @@ __device__ __forceinline__ void tma_load_3d(unsigned smem, const TmaDescriptor* 
         : "memory");
 }
 
-// A box of a rank-3 tensor at (c0, c1, c2) fetched into L2 alone: no shared memory, no barrier, nothing to wait for.
-__device__ __forceinline__ void tma_prefetch_3d(const TmaDescriptor* map, int c0, int c1, int c2) {
-    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2) : "memory");
-}
-
 // L2 policies for TMA loads: data read again soon by other CTAs (K and V of a head) stays;
 // data read once (a query tile) goes first.
 __device__ __forceinline__ unsigned long long l2_evict_last() {

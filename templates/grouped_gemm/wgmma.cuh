@@ -31,10 +31,6 @@ constexpr int kBarrierBytes = 16 * kStages;       // a full and an empty mbarrie
 // in the loading warp delayed each tile's first stage past the consumers' epilogue (ncu, bench/NOTES.md,
 // thirty-first session).
 constexpr int kScheduleSlots = 2;
-// Every kPrefetchSteps K steps the loading thread asks L2 for the next kPrefetchSteps steps past the stages, box after
-// box: a row's consecutive 128-byte pieces then reach DRAM together, where one step a stage apart each opened its
-// page again (ncu: at the 4096-token shapes the consumers waited for most stages, DRAM well below its bandwidth).
-constexpr int kPrefetchSteps = 4;
 // The epilogue stages each warp's 16 result rows in shared memory, kPassColumns columns at a time, and stores them
 // 16 bytes a lane, whole rows at a time; rows padded by 16 bytes, so the 8 rows of a warp's accumulator stores start
 // on distinct banks. Passes of a part of the columns leave shared memory for a fourth stage of the 128 x 256 tiles.
@@ -191,16 +187,6 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                     if (done) {
                         kgen::mbarrier_arrive(barriers.full(stage));  // no bytes: the consumers read the end
                         break;
-                    }
-                    if (kt % kPrefetchSteps == 0) {
-                        for (int ahead = kt + kStages; ahead < min(kt + kStages + kPrefetchSteps, k_tiles); ++ahead) {
-                            kgen::tma_prefetch_3d(&map_a, ahead * kTileK, 0, a_row);
-#pragma unroll
-                            for (int box = 0; box < kBRows / kBoxRows; ++box) {
-                                if (kCluster > 1 && shares_b && box != static_cast<int>(rank)) continue;  // the peer's box
-                                kgen::tma_prefetch_3d(&map_b, ahead * kTileK, 0, static_cast<int>(b_first + (kSwiglu ? box * num_n : box * kBoxRows)));
-                            }
-                        }
                     }
                     const unsigned stage_a = smem + stage * kStageBytes, stage_b = stage_a + kABytes;
                     kgen::mbarrier_arrive_expect_tx(barriers.full(stage), kStageBytes);
