@@ -12,6 +12,15 @@ if what == "gemm":
     b = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16) / 64
     for _ in range(2):
         grouped_gemm(a, b, offs)
+elif what == "swiglu":
+    from bench_grouped_gemm import group_sizes
+    from kgen.ops import grouped_gemm_swiglu
+    E, N, K, M = 128, 3072, 4096, 4096 * 8  # Qwen3-MoE gate+up, 4096 tokens balanced: b_gate_up [E, 2I, K], 2I = N
+    offs = group_sizes(M, E, "balanced", torch.Generator().manual_seed(0)).cumsum(0).to(torch.int32).cuda()
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16) / 64
+    for _ in range(2):
+        grouped_gemm_swiglu(a, b, offs, quantize_out=True)
 else:
     import os
     os.environ["KGEN_GDN_BACKWARD"] = "kernel"
