@@ -1,14 +1,15 @@
-// The wgmma kernel (sm_90a), persistent and warp-specialised: a grid of at most one block per SM, each taking the
-// tiles blockIdx.x, blockIdx.x + gridDim.x, ... of the raster, so the producer loads a block's next tile while
-// its consumers store the last. Warpgroup 0 is the producer: warp 1 finds the block's tiles (the walk of offs)
-// up to kScheduleSlots ahead, and one thread of warp 0 issues the TMA loads of a stage, A's kTileM x 64 box and B's
-// kBRows rows as boxes of 128 (the column tile's halves, or SwiGLU's gate and up tiles), into kStages stages, each
-// with a full mbarrier (TMA's bytes landed) and an empty one (every consumer warp is done reading). Each consumer warpgroup owns 64 rows: per stage four wgmma m64 x kBRows x k16
-// from shared memory into its fp32 accumulators, the products of one stage in flight while the next stage's are
-// issued (FP8: four k32 products per 128-wide K block into the block's own accumulators, waited for, then scaled
-// and added to the result's). SwiGLU's gate and up tiles lie one after the other in shared memory, so one wgmma computes both: a
-// thread's column blocks j and j + kTileN / 8 are the gate and the up product of the same output columns.
-// K past num_k and rows past the tensors load as zeros (TMA's out-of-bounds fill), so only N needs checks.
+// The wgmma kernel (sm_90a), persistent and warp-specialised: a grid of at most one block per SM, each taking the tiles
+// blockIdx.x, blockIdx.x + gridDim.x, ... of the raster, so the producer loads a block's next tile while its consumers
+// store the last. Warpgroup 0 is the producer: warp 1 finds the block's tiles (the walk of offs) up to kScheduleSlots
+// ahead, and one thread of warp 0 issues the TMA loads of a stage, A's kTileM x 64 box and B's kBRows rows as boxes of
+// 128 (the column tile's halves, or SwiGLU's gate and up tiles), into kStages stages, each with a full mbarrier (TMA's
+// bytes landed) and an empty one (every consumer warp is done reading). Each consumer warpgroup owns 64 rows: per stage
+// four wgmma m64 x kBRows x k16 from shared memory into its fp32 accumulators, the products of one stage in flight
+// while the next stage's are issued (FP8: four k32 products per 128-wide K block into the block's own accumulators,
+// waited for, then scaled and added to the result's). SwiGLU's gate and up tiles lie one after the other in shared
+// memory, so one wgmma computes both: a thread's column blocks j and j + kTileN / 8 are the gate and the up product of
+// the same output columns. K past num_k and rows past the tensors load as zeros (TMA's out-of-bounds fill), so only N
+// needs checks.
 // Needs kernel.cu.j2's variant constants and schedule.
 {% include "common/swizzle.cuh" %}
 {% include "common/mma.cuh" %}
