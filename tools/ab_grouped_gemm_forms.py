@@ -8,7 +8,8 @@ two trees' kgen on PYTHONPATH, it is an A/B of the trees (the first JSON line na
 
 Each JSON line: round, form, case, bf16 / fused SwiGLU+FP8 / FP8 TFLOP/s (bench/common.time_cuda, L2 flushed), and
 the largest difference of the form's results from the first form's (a form that computes the same products in
-the same order gives 0), and each result's float64 sum (equal sums across trees: most likely equal results). Inputs are made once per shape.
+the same order gives 0), and each result's float64 sum (equal sums across trees: most likely equal results). Inputs
+are made once per shape.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ def main() -> None:
                     for form in order:
                         with taking(form):
                             speeds, results = measure(x, projection == "gate+up")
-                        if reference is None:
-                            reference = results if form == forms[0] else None
+                        if reference is None:  # the first form measured: forms[0] in round 0
+                            reference = results
                         differs = {name: float((results[name].float() - reference[name].float()).abs().nan_to_num(0).max())
                                    for name in results} if reference is not None else {}
                         print(json.dumps({"round": round_, "form": form, "case": case, **speeds, "max_diff": differs,
