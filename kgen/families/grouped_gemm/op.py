@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from kgen.families.quantize_fp8_blockwise.contract import BLOCK as QUANTIZE_BLOC
 from kgen.families.quantize_fp8_blockwise.op import new_results as new_fp8_results
 from kgen.runtime import tma
 from kgen.runtime.checks import check_dense_rows, check_no_overlap, check_shape, check_tensor
+from kgen.runtime.device import sm_count
 from kgen.runtime.dispatch import (DTYPE_NAMES, SpecPathMemo, first_runnable, planning_sm, spec_dtypes,
                                    tile_pair_launchers)
 
@@ -273,7 +273,7 @@ def _launch(epilogue: str, a, b, groups: Groups, out, **extra) -> None:
     if mma == "wgmma":  # persistent: a block per SM at most, each taking every grid-th tile
         extra.update(_maps(a, b, rows, depth))
         if kernel.cluster == 1:
-            grid = min(grid, _sm_count(device))
+            grid = min(grid, sm_count(torch.device("cuda", device)))
         else:  # clusters take row tiles kernel.cluster at a time: as many clusters as run at once, or as units
             units = -(-row_tiles // kernel.cluster) * column_tiles
             grid = kernel.cluster * min(units, kernel.resident_clusters())
@@ -312,11 +312,6 @@ def offered_clusters(dtype: str, epilogue: str, mma: str) -> tuple[int, ...]:
 
 
 _offered_clusters = SpecPathMemo()
-
-
-@functools.cache
-def _sm_count(device: int) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 #: The wgmma kernel's descriptors of a and b, per calling thread and layout.
