@@ -1,0 +1,81 @@
+"""How much of dg's 16-bit error comes from the whole-state inner product e^{G_L} <S, dS'> of each chunk (CPU,
+float64; bench/NOTES.md, thirty-second session).
+
+    PYTHONPATH=. python3 tools/dg_state_term.py [--seeds 3,4,5]
+
+On inputs of the kind of tests/test_gdn_chunk_backward_gpu.py's no-decay case (lengths 130, 64, 7; 2 q/k heads,
+GVA 2, head dim 128, a head without decay and one at about e^-20 a token; l2norm, initial state, final-state
+gradient), made on the CPU: dg from each chunk's exact start state S and end-state gradient dS', against dg with
+both rounded to bf16 everywhere, everywhere but in that term, and only in that term.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tools"), str(ROOT / "bench")]
+import gdn_reference as ref  # noqa: E402
+from gdn_backward_errors import exact_states  # noqa: E402
+from gdn_backward_reference import _chunk_forward  # noqa: E402
+from kgen.families.gated_delta_rule.local_grads import chunk_grads  # noqa: E402
+
+
+def cpu_case(lengths, heads, group, head_dim, seed):
+    """The GPU test's make_case on the CPU (bf16 q, k, v, dO and beta)."""
+    gen = torch.Generator().manual_seed(seed)
+    total, heads_v = sum(lengths), heads * group
+    q, k = (torch.randn(1, total, heads, head_dim, generator=gen) for _ in range(2))
+    v = torch.randn(1, total, heads_v, head_dim, generator=gen)
+    decay = torch.rand(heads_v, generator=gen) * 16
+    decay[0], decay[-1] = 0.0, 16.0
+    g = -decay * torch.nn.functional.softplus(0.5 * torch.randn(1, total, heads_v, generator=gen) + 1)
+    beta = torch.rand(1, total, heads_v, generator=gen).to(torch.bfloat16)
+    initial = torch.randn(len(lengths), heads_v, head_dim, head_dim, generator=gen)
+    d_out = torch.randn(v.shape, generator=gen).to(torch.bfloat16)
+    d_final = torch.randn(len(lengths), heads_v, head_dim, head_dim, generator=gen)
+    return (q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta), initial, d_out, d_final
+
+
+def dg_from(inputs, d_out, cu_host, states_of, term_states_of) -> torch.Tensor:
+    """dg [1, T, HV]: local_grads' algebra from ``states_of`` (first token -> (S, dS')), its state term
+    e^{G_L} <S, dS'> from ``term_states_of`` instead."""
+    q, k, v, g, beta, scale, seqs, _ = ref._prepare(*inputs, None, None, cu_host, True, "kv")
+    dg = torch.zeros_like(g)
+    for b, start, end in seqs:
+        for c0 in range(start, end, 64):
+            r = slice(c0, min(c0 + 64, end))
+            qc, kc, vc, gc, bc = (x[b, r].transpose(0, 1) for x in (q, k, v, g, beta))
+            (s, dh), (s_term, dh_term) = states_of(c0), term_states_of(c0)
+            terms = _chunk_forward(qc, kc, vc, gc, bc)
+            grads = chunk_grads(terms, qc, kc, vc, bc, s, dh, d_out.double()[b, r].transpose(0, 1), scale)
+            # The term enters the last row's dGamma, so every token's dg of the chunk (the reverse cumsum).
+            swap = terms["last_decay"] * ((dh_term * s_term).sum((-1, -2)) - (dh * s).sum((-1, -2)))
+            dg[b, r] = (grads[3] + swap[..., None]).transpose(0, 1)
+    return dg
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="3,4,5")
+    args = parser.parse_args()
+    lengths = [130, 64, 7]
+    cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    for seed in map(int, args.seeds.split(",")):
+        inputs, initial, d_out, d_final = cpu_case(lengths, 2, 2, 128, seed)
+        exact = exact_states(inputs, initial, d_out, d_final, cu_host)
+        rounded = {c: tuple(x.to(torch.bfloat16).double() for x in pair) for c, pair in exact.items()}
+        want = dg_from(inputs, d_out, cu_host, exact.__getitem__, exact.__getitem__)
+        cases = (("bf16 everywhere", rounded, rounded), ("bf16 but the term", rounded, exact),
+                 ("bf16 in the term only", exact, rounded))
+        print(f"seed {seed}: " + " | ".join(
+            f"{label} {ref.rel_rms(dg_from(inputs, d_out, cu_host, a.__getitem__, b.__getitem__), want):.2e}"
+            for label, a, b in cases))
+
+
+if __name__ == "__main__":
+    main()
