@@ -6,7 +6,8 @@ float64; bench/NOTES.md, thirty-second session).
 On inputs of the kind of tests/test_gdn_chunk_backward_gpu.py's no-decay case (lengths 130, 64, 7; 2 q/k heads,
 GVA 2, head dim 128, a head without decay and one at about e^-20 a token; l2norm, initial state, final-state
 gradient), made on the CPU: dg from each chunk's exact start state S and end-state gradient dS', against dg with
-both rounded to bf16 everywhere, everywhere but in that term, and only in that term.
+both rounded to bf16 everywhere, everywhere but in that term, only in that term, and everywhere with the term from
+the bf16 copies plus their rounding losses kept as FP8 e5m2 (tiles.cuh's store_residual_rows).
 """
 
 from __future__ import annotations
@@ -70,8 +71,12 @@ def main() -> None:
         exact = exact_states(inputs, initial, d_out, d_final, cu_host)
         rounded = {c: tuple(x.to(torch.bfloat16).double() for x in pair) for c, pair in exact.items()}
         want = dg_from(inputs, d_out, cu_host, exact.__getitem__, exact.__getitem__)
+        # The term from bf16 copies plus their rounding losses as FP8 e5m2 (x 4096), as the kernel path keeps them.
+        with_losses = {c: tuple(x.to(torch.bfloat16).double() + ((x - x.to(torch.bfloat16).double()) * 4096).float()
+                                .clamp(-57344, 57344).to(torch.float8_e5m2).double() / 4096 for x in pair)
+                       for c, pair in exact.items()}
         cases = (("bf16 everywhere", rounded, rounded), ("bf16 but the term", rounded, exact),
-                 ("bf16 in the term only", exact, rounded))
+                 ("bf16 in the term only", exact, rounded), ("bf16 + e5m2 losses in the term", rounded, with_losses))
         print(f"seed {seed}: " + " | ".join(
             f"{label} {ref.rel_rms(dg_from(inputs, d_out, cu_host, a.__getitem__, b.__getitem__), want):.2e}"
             for label, a, b in cases))
