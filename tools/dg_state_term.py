@@ -21,9 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tools"), str(ROOT / "bench")]
 import gdn_reference as ref  # noqa: E402
-from gdn_backward_errors import exact_states  # noqa: E402
-from gdn_backward_reference import _chunk_forward  # noqa: E402
-from kgen.families.gated_delta_rule.local_grads import chunk_grads  # noqa: E402
+from gdn_backward_errors import dg_from_states, exact_states  # noqa: E402
 
 
 def cpu_case(lengths, heads, group, head_dim, seed):
@@ -42,24 +40,6 @@ def cpu_case(lengths, heads, group, head_dim, seed):
     return (q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta), initial, d_out, d_final
 
 
-def dg_from(inputs, d_out, cu_host, states_of, term_states_of) -> torch.Tensor:
-    """dg [1, T, HV]: local_grads' algebra from ``states_of`` (first token -> (S, dS')), its state term
-    e^{G_L} <S, dS'> from ``term_states_of`` instead."""
-    q, k, v, g, beta, scale, seqs, _ = ref._prepare(*inputs, None, None, cu_host, True, "kv")
-    dg = torch.zeros_like(g)
-    for b, start, end in seqs:
-        for c0 in range(start, end, 64):
-            r = slice(c0, min(c0 + 64, end))
-            qc, kc, vc, gc, bc = (x[b, r].transpose(0, 1) for x in (q, k, v, g, beta))
-            (s, dh), (s_term, dh_term) = states_of(c0), term_states_of(c0)
-            terms = _chunk_forward(qc, kc, vc, gc, bc)
-            grads = chunk_grads(terms, qc, kc, vc, bc, s, dh, d_out.double()[b, r].transpose(0, 1), scale)
-            # The term enters the last row's dGamma, so every token's dg of the chunk (the reverse cumsum).
-            swap = terms["last_decay"] * ((dh_term * s_term).sum((-1, -2)) - (dh * s).sum((-1, -2)))
-            dg[b, r] = (grads[3] + swap[..., None]).transpose(0, 1)
-    return dg
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="3,4,5")
@@ -70,7 +50,7 @@ def main() -> None:
         inputs, initial, d_out, d_final = cpu_case(lengths, 2, 2, 128, seed)
         exact = exact_states(inputs, initial, d_out, d_final, cu_host)
         rounded = {c: tuple(x.to(torch.bfloat16).double() for x in pair) for c, pair in exact.items()}
-        want = dg_from(inputs, d_out, cu_host, exact.__getitem__, exact.__getitem__)
+        want = dg_from_states(inputs, d_out, cu_host, exact.__getitem__)
         # The term from bf16 copies plus their rounding losses as FP8 e5m2 (x 4096), as the kernel path keeps them.
         with_losses = {c: tuple(x.to(torch.bfloat16).double() + ((x - x.to(torch.bfloat16).double()) * 4096).float()
                                 .clamp(-57344, 57344).to(torch.float8_e5m2).double() / 4096 for x in pair)
@@ -78,7 +58,7 @@ def main() -> None:
         cases = (("bf16 everywhere", rounded, rounded), ("bf16 but the term", rounded, exact),
                  ("bf16 in the term only", exact, rounded), ("bf16 + e5m2 losses in the term", rounded, with_losses))
         print(f"seed {seed}: " + " | ".join(
-            f"{label} {ref.rel_rms(dg_from(inputs, d_out, cu_host, a.__getitem__, b.__getitem__), want):.2e}"
+            f"{label} {ref.rel_rms(dg_from_states(inputs, d_out, cu_host, a.__getitem__, b.__getitem__), want):.2e}"
             for label, a, b in cases))
 
 

@@ -103,8 +103,9 @@ def exact_states(inputs, initial, d_out, d_final, cu_host) -> dict[int, tuple[to
     return out
 
 
-def dg_from_states(inputs, d_out, cu_host, states_of) -> torch.Tensor:
-    """dg [1, T, HV] in float64 from each chunk's (S, dS') (``states_of``: first token -> the pair)."""
+def dg_from_states(inputs, d_out, cu_host, states_of, term_states_of=None) -> torch.Tensor:
+    """dg [1, T, HV] in float64 from each chunk's (S, dS') (``states_of``: first token -> the pair); with
+    ``term_states_of``, the whole-state term e^{G_L} <S, dS'> from its pair instead (tools/dg_state_term.py)."""
     q, k, v, g, beta, scale, seqs, _ = ref._prepare(*inputs, None, None, cu_host, True, "kv")
     dg = torch.zeros_like(g)
     for b, start, end in seqs:
@@ -112,9 +113,13 @@ def dg_from_states(inputs, d_out, cu_host, states_of) -> torch.Tensor:
             r = slice(c0, min(c0 + 64, end))
             qc, kc, vc, gc, bc = (x[b, r].transpose(0, 1) for x in (q, k, v, g, beta))
             s, dh = states_of(c0)
-            grads = chunk_grads(_chunk_forward(qc, kc, vc, gc, bc), qc, kc, vc, bc, s, dh,
-                                d_out.double()[b, r].transpose(0, 1), scale)
+            terms = _chunk_forward(qc, kc, vc, gc, bc)
+            grads = chunk_grads(terms, qc, kc, vc, bc, s, dh, d_out.double()[b, r].transpose(0, 1), scale)
             dg[b, r] = grads[3].transpose(0, 1)
+            if term_states_of is not None:  # the term enters the last row's dGamma, so every token's dg (reverse cumsum)
+                s_term, dh_term = term_states_of(c0)
+                swap = terms["last_decay"] * ((dh_term * s_term).sum((-1, -2)) - (dh * s).sum((-1, -2)))
+                dg[b, r] += swap[..., None].transpose(0, 1)
     return dg
 
 
