@@ -207,3 +207,21 @@ def test_autograd_leaves_the_gdn_backward_path_to_the_setting():
         torch.ops.kgen.chunk_gated_delta_rule_bwd(q, q, q, q[..., 0], q[..., 0], q, None, None, None, [], [], None,
                                                   False, "kv")
     assert backward.call_count == 1 and "per_chunk" not in backward.call_args.kwargs
+
+
+@pytest.mark.parametrize("planned", [True, False], ids=["a plan's recipe", "planned from the shapes"])
+def test_autograd_through_the_chunk_op_returns_a_gradient_per_input(planned):
+    # torch.library checks that the backward's result has the inputs' structure. Without a plan (torch.compile's
+    # dense call) the recipe is an empty list, whose gradient must be an empty list too (not None).
+    tables, recipe = ([torch.zeros(1, 2, dtype=torch.int32)] * 4, [2, 128, 64, 1, 0, 0, 64]) if planned else ([], [])
+    q = torch.randn(1, 64, 2, 128, requires_grad=True)
+    library = gated_delta_rule.library
+    with mock.patch.object(library, "_plan_of"), \
+         mock.patch.object(library.chunk, "chunk_gated_delta_rule", side_effect=lambda *a, **k: (torch.zeros(1, 64, 2, 128), None)), \
+         mock.patch.object(library.backward, "chunk_gated_delta_rule_bwd",
+                           side_effect=lambda *a, **k: tuple(torch.ones_like(t) for t in a[:5]) + (None,)):
+        o, _ = torch.ops.kgen.chunk_gated_delta_rule(q, q, q, q[..., 0], q[..., 0], None, None, tables, recipe, None,
+                                                     False, False, "kv")
+        o.sum().backward()
+    assert q.grad is not None
+

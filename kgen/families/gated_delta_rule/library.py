@@ -86,8 +86,10 @@ def _chunk_backward(ctx, d_out, d_final):
         q, k, v, g, beta, d_out, initial_state, d_final if d_final is not None and d_final.numel() else None,
         cu_seqlens, tables, recipe, scale, l2norm, state_layout)
     # A gradient per input, in the inputs' structure: none for cu_seqlens, each table, the recipe and the options.
-    return (dq, dk, dv, dg, dbeta, d_initial if initial_state is not None else None, None, [None] * len(tables), None,
-            None, None, None, None)
+    # (torch.library takes a list of ints as one input, but an empty list as a list: the recipe of a call planned
+    # from the shapes, which torch.compile makes.)
+    return (dq, dk, dv, dg, dbeta, d_initial if initial_state is not None else None, None, [None] * len(tables),
+            None if recipe else [], None, None, None, None)
 
 
 _chunk_gated_delta_rule.register_autograd(_chunk_backward, setup_context=_save_inputs)
