@@ -30,6 +30,7 @@ from kgen.families.gated_delta_rule.chunk import checked_inputs, kernels_for_pla
 from kgen.families.gated_delta_rule.planner import NEGLIGIBLE_LOG_DECAY
 from kgen.families.gated_delta_rule.local_grads import chunk_grads, chunk_terms
 from kgen.runtime.checks import check_dense_rows, check_shape, check_tensor
+from kgen.runtime.device import sm_count
 
 #: The eps of fla's in-kernel l2norm, x / sqrt(sum x^2 + eps).
 L2NORM_EPS = 1e-6
@@ -143,16 +144,18 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
 
 def _kernel_grads(kernels, q, k, v, g, beta, tbeta, states, d_states, d_out, chunks, scale):
     """dq, dk (fp32, summed over each GVA group in the kernel), dv, dg and dbeta (fp32) by
-    gated_delta_rule_chunk_grads, a block per chunk and q/k head."""
+    gated_delta_rule_chunk_grads: persistent blocks, one an SM, over the (chunk, q/k head) items."""
     heads, heads_v = q.shape[2], v.shape[2]
     dq = q.new_empty(q.shape, dtype=torch.float32)
     dk, dv = torch.empty_like(dq), torch.empty_like(v)
     dg = torch.empty_like(g)
     dbeta = g.new_empty(g.shape)
     if len(chunks):
-        kernels.grads.launch((len(chunks), heads), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(),
+        blocks = min(len(chunks) * heads, sm_count(q.device))
+        kernels.grads.launch((blocks,), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(),
                              beta=beta.data_ptr(), beta_is_fp32=int(beta.dtype is torch.float32),
-                             chunks=chunks.data_ptr(), tbeta=tbeta.data_ptr(), states=states.data_ptr(),
+                             chunks=chunks.data_ptr(), num_chunks=len(chunks), tbeta=tbeta.data_ptr(),
+                             states=states.data_ptr(),
                              d_states=d_states.data_ptr(), d_out=d_out.data_ptr(), dq=dq.data_ptr(), dk=dk.data_ptr(),
                              dv=dv.data_ptr(), dg=dg.data_ptr(), dbeta=dbeta.data_ptr(), num_heads=heads,
                              num_heads_v=heads_v, scale=np.float32(scale))

@@ -45,7 +45,8 @@ _GDN_REVERSE_PARAMETERS = parameters(
     "long long num_heads, long long num_heads_v, float scale, float negligible_log_decay")
 _GDN_GRADS_PARAMETERS = parameters(
     "const T* q, const T* k, const T* v, const float* g, const void* beta, long long beta_is_fp32, const int* chunks, "
-    "const T* tbeta, const T* states, const T* d_states, const T* d_out, float* dq, float* dk, T* dv, float* dg, "
+    "long long num_chunks, const T* tbeta, const T* states, const T* d_states, const T* d_out, float* dq, float* dk, "
+    "T* dv, float* dg, "
     "float* dbeta, long long num_heads, long long num_heads_v, float scale")
 #: The per-chunk gradients' block: threads.
 GDN_GRADS_THREADS = 256
@@ -77,9 +78,9 @@ def _reverse_dynamic_smem_bytes(chunk: int, head_dim: int, slice_v: int, itemsiz
 
 def _grads_dynamic_smem_bytes(chunk: int, head_dim: int, itemsize: int) -> int:
     """local_grads.cuh's Shared: Q, K, V, dO and two wide scratch tiles (chunk x head_dim), S^T and dS'^T (head_dim
-    x head_dim), Tbeta and T (chunk x chunk), unpadded (swizzled); two fp32 chunk x chunk scratch tiles, rows of
+    x head_dim), Tbeta, T and X (chunk x chunk), unpadded (swizzled); two fp32 chunk x chunk scratch tiles, rows of
     chunk + 4; eight per-row float vectors and a float per warp; a swizzle repeat of alignment slack."""
-    tiles = (6 * chunk * head_dim + 2 * head_dim * head_dim + 2 * chunk * chunk) * itemsize
+    tiles = (6 * chunk * head_dim + 2 * head_dim * head_dim + 3 * chunk * chunk) * itemsize
     return tiles + 2 * chunk * (chunk + 4) * 4 + (8 * chunk + GDN_GRADS_THREADS // 32) * 4 + SWIZZLE_ALIGNMENT
 
 
