@@ -144,20 +144,26 @@ struct LocalGrads {
 
     // A product's rows into global memory, fp32, rows `row_stride` elements apart, only the rows inside the
     // sequence (row_inside: the thread's upper and lower row); `add` adds them to what the thread wrote there before,
-    // a row's worth loaded before its first store: each load between stores waited for its own round trip (ncu: 13%
-    // of the kernel's stall samples, bench/NOTES.md, thirty-first session), and both rows' at once spilled.
+    // by fire-and-forget reductions in L2 (red): a load first waited for its own round trip (ncu: 13% of the
+    // kernel's stall samples, bench/NOTES.md, thirty-first session). The same thread wrote every element it adds to,
+    // in program order, so each sum is the one an add in registers would make (red's fp32 add rounds to nearest
+    // even, flushing subnormals to zero) and the result stays deterministic.
     template <int kN>
     __device__ static __forceinline__ void write_rows(float* out, long long row_stride, const float (&acc)[kN / 16][4],
                                                       const bool (&row_inside)[2], bool add) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             if (!row_inside[half]) continue;
-            float2* const row = reinterpret_cast<float2*>(out + row_of<kN>(2 * half) * row_stride + column_of<kN>(0, 0));
-            float2 before[kN / 16];
+            float* const row = out + row_of<kN>(2 * half) * row_stride + column_of<kN>(0, 0);
 #pragma unroll
-            for (int n = 0; n < kN / 16; ++n) before[n] = add ? row[4 * n] : make_float2(0.f, 0.f);  // columns 8 n on
-#pragma unroll
-            for (int n = 0; n < kN / 16; ++n) row[4 * n] = make_float2(before[n].x + acc[n][2 * half], before[n].y + acc[n][2 * half + 1]);
+            for (int n = 0; n < kN / 16; ++n) {  // columns 8 n on
+                if (add) {
+                    asm volatile("red.global.add.v2.f32 [%0], { %1, %2 };\n"
+                                 :: "l"(row + 8 * n), "f"(acc[n][2 * half]), "f"(acc[n][2 * half + 1]) : "memory");
+                } else {
+                    *reinterpret_cast<float2*>(row + 8 * n) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
+                }
+            }
         }
     }
 
