@@ -144,8 +144,20 @@ struct Reverse {
         const unsigned d_state_tile = kgen::smem_addr(smem.d_state), d_vn_tile = kgen::smem_addr(smem.d_vn);
         const unsigned d_out_gated_tile = kgen::smem_addr(smem.d_out_gated), y_gated_tile = kgen::smem_addr(smem.y_gated);
 
+        // A chunk's gates (two tokens a lane), loaded a step ahead: read at the step's start they waited for their
+        // round trip on the chain (ncu: 18% of the kernel's stall samples, bench/NOTES.md, thirty-first session).
+        auto gates_of = [&](int c, float (&gate)[2]) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int t = token_of(c) + 2 * lane + e;
+                gate[e] = !kHasIncompleteTile || t < end_token ? g[static_cast<long long>(t) * heads_v + head_v] : 0.f;
+            }
+        };
+        float gate[2] = {0.f, 0.f};
+        if (chunks > 0) gates_of(chunks - 1, gate);
+
         for (int i = 0; i < chunks; ++i) {
-            const int c = chunks - 1 - i, token = token_of(c);
+            const int c = chunks - 1 - i;
             ChunkTiles& tiles = smem.chunk[i % 2];
             // The other buffer was last read in step i - 1, which every thread has left (its last barrier).
             if (c > 0) {
@@ -158,13 +170,8 @@ struct Reverse {
                 store_rows<T, kHeadDim>(d_states + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim,
                                         ds, value0 + row, fragment_column);
             }
-            float gate[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int t = 2 * lane + e;
-                gate[e] = !kHasIncompleteTile || token + t < end_token ? g[static_cast<long long>(token + t) * heads_v + head_v] : 0.f;
-            }
             const float2 gamma = gate_cumsum(gate[0], gate[1], lane);
+            if (c > 0) gates_of(c - 1, gate);
             const float gamma_last = __shfl_sync(0xffffffffu, gamma.y, 31);
             const float gamma_row[2] = {gamma_of(gamma, row), gamma_of(gamma, row + 8)};
             kgen::fence_proxy_async_shared();
