@@ -19,6 +19,7 @@ from test_gdn_backward_algebra import GRADIENTS, autograd_grads  # noqa: E402
 from test_gdn_chunk_gpu import DTYPES, head_dims, make_inputs  # noqa: E402
 import kgen.compat.fla as fla  # noqa: E402
 from kgen import config  # noqa: E402
+from kgen.families.gated_delta_rule import backward  # noqa: E402
 from kgen.families.gated_delta_rule.backward import PER_CHUNK  # noqa: E402
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, plan_chunk_gated_delta_rule  # noqa: E402
 
@@ -261,6 +262,31 @@ def test_gradients_are_deterministic_and_a_graph_replays_them(per_chunk):
     torch.cuda.synchronize()
     for name, a, b in zip(GRADIENTS, captured, first):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("head_dim", head_dims())
+def test_the_gradients_kernel_gives_the_same_gradients_whatever_its_grid(head_dim, monkeypatch):
+    # Its blocks are persistent (items blockIdx.x + n gridDim.x, a GVA group's v-heads in turn) and load each unit's
+    # inputs during the unit before, Q and K included where the item changes: fewer blocks than items make every
+    # block take that path (a GPU's worth of blocks takes each of these 18 items alone). The sums over a group
+    # (dq, dk) are made in the same order whatever the grid.
+    lengths = [130, 64, 7, 200]
+    inputs, initial, d_out, d_final = make_case(lengths, 2, 2, head_dim, torch.bfloat16, True, False, True, True,
+                                                "kv", 29)
+    cu_host = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=4, head_dim=head_dim, device="cuda")
+
+    def grads():
+        return chunk_gated_delta_rule_bwd(*inputs, d_out, initial_state=initial, d_final_state=d_final, cu_seqlens=cu,
+                                          use_qk_l2norm_in_kernel=True, plan=plan, per_chunk="kernel")
+
+    whole = grads()
+    assert all(torch.isfinite(x).all() for x in whole)
+    for blocks in (1, 2, 5):
+        monkeypatch.setattr(backward, "sm_count", lambda device, blocks=blocks: blocks)
+        for name, a, b in zip(GRADIENTS, grads(), whole):
+            assert torch.equal(a, b), (blocks, name)
 
 
 @pytest.mark.parametrize("per_chunk", PER_CHUNK)
