@@ -70,9 +70,9 @@ def _chain_dynamic_smem_bytes(head_dim: int) -> int:
 
 
 def _reverse_dynamic_smem_bytes(chunk: int, head_dim: int, slice_v: int, itemsize: int) -> int:
-    """reverse.cuh's Shared: two chunks' Q, K, dO slice and Tbeta; dS'^T's 16-bit copy; dVn, the gated dO and the
-    gated Y; from a swizzle-aligned base."""
-    elements = 2 * (2 * chunk * head_dim + chunk * slice_v + chunk * chunk) + slice_v * head_dim + 3 * chunk * slice_v
+    """reverse.cuh's Shared: two chunks' Q and K; a dO slice and Tbeta; dS'^T's 16-bit copy; dVn (then the gated
+    Y); from a swizzle-aligned base."""
+    elements = 2 * 2 * chunk * head_dim + chunk * slice_v + chunk * chunk + slice_v * head_dim + chunk * slice_v
     return SWIZZLE_ALIGNMENT + elements * itemsize
 
 
