@@ -245,7 +245,8 @@ struct Reverse {
             __syncthreads();  // dVn and the gated dO are whole
 
             // Y = Tbeta^T dVn (Tbeta's tile read M-major) and dS^T's first update, e^{Gamma_last} dS'^T +
-            // (scale diag(e^Gamma) dO)^T Q, in one batch: the update is off the chain through Y.
+            // (scale diag(e^Gamma) dO)^T Q, in one batch, after which dO's and Tbeta's tiles are free for the chunk
+            // before's (the same tensor work before Y's store as the old order's after it).
             float y[kValueTiles][4];
             kgen::wgmma_fence();
 #pragma unroll
