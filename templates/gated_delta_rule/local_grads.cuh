@@ -211,28 +211,22 @@ struct LocalGrads {
         }
     }
 
-    // The kernel's arguments, as one value the units' functions share.
-    struct Args {
-        const T* __restrict__ q; const T* __restrict__ k; const T* __restrict__ v; const float* __restrict__ g;
-        const void* __restrict__ beta; long long beta_is_fp32; const int* __restrict__ chunks; long long num_chunks;
-        const T* __restrict__ tbeta; const T* __restrict__ states; const T* __restrict__ d_states;
-        const T* __restrict__ d_out; float* __restrict__ dq; float* __restrict__ dk; T* __restrict__ dv;
-        float* __restrict__ dg; float* __restrict__ dbeta; long long num_heads, num_heads_v; float scale;
-    };
-
     // A unit of work: a chunk, its q/k head, and one v-head of the head's group. Items are chunk-fastest.
     struct Unit {
         int chunk, head, head_v;
     };
+    template <class Args>
     __device__ static __forceinline__ Unit unit_of(const Args& a, int item, int group_index) {
         const int chunks = static_cast<int>(a.num_chunks), chunk = item % chunks, head = item / chunks;
         return {chunk, head, head * static_cast<int>(a.num_heads_v / a.num_heads) + group_index};
     }
+    template <class Args>
     __device__ static __forceinline__ int valid_rows(const Args& a, int chunk) {
         return kHasIncompleteTile ? a.chunks[2 * chunk + 1] : kChunk;
     }
 
     // The unit's dO, S^T, dS'^T and V, and with_q its Q, by cp.async (not committed).
+    template <class Args>
     __device__ static __forceinline__ void load_early(Shared& smem, const Args& a, const Unit& u, bool with_q) {
         const int token = a.chunks[2 * u.chunk], valid = valid_rows(a, u.chunk);
         const long long qk_stride = a.num_heads * kHeadDim, v_stride = a.num_heads_v * kHeadDim;
@@ -245,6 +239,7 @@ struct LocalGrads {
     }
 
     // The unit's Tbeta, and with_k its K, by cp.async (not committed).
+    template <class Args>
     __device__ static __forceinline__ void load_late(Shared& smem, const Args& a, const Unit& u, bool with_k) {
         const long long qk_stride = a.num_heads * kHeadDim;
         if (with_k) {
@@ -256,6 +251,7 @@ struct LocalGrads {
     }
 
     // Thread i < kChunk's gate g and beta of the unit's token i (zeros past the sequence, and for other threads).
+    template <class Args>
     __device__ static __forceinline__ float2 gates_of(const Args& a, const Unit& u) {
         const int i = threadIdx.x;
         if (i >= kChunk || (kHasIncompleteTile && i >= valid_rows(a, u.chunk))) return make_float2(0.f, 0.f);
@@ -264,22 +260,14 @@ struct LocalGrads {
                                                    : to_f32<T>(static_cast<const T*>(a.beta)[at]));
     }
 
-    __device__ static __forceinline__ void run(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                                               const float* __restrict__ g, const void* __restrict__ beta,
-                                               long long beta_is_fp32, const int* __restrict__ chunks,
-                                               long long num_chunks, const T* __restrict__ tbeta,
-                                               const T* __restrict__ states, const T* __restrict__ d_states,
-                                               const T* __restrict__ d_out, float* __restrict__ dq,
-                                               float* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dg,
-                                               float* __restrict__ dbeta, long long num_heads, long long num_heads_v,
-                                               float scale) {
+    // The kernel: its arguments as chunk.cu.j2 declares them from the launch contract.
+    template <class Args>
+    __device__ static __forceinline__ void run(const Args& a) {
         extern __shared__ unsigned char smem_bytes[];
         Shared& smem = *reinterpret_cast<Shared*>(align_up<kSwizzleAlignment>(smem_bytes));
-        const Args a{q, k, v, g, beta, beta_is_fp32, chunks, num_chunks, tbeta, states, d_states, d_out,
-                     dq, dk, dv, dg, dbeta, num_heads, num_heads_v, scale};
-        const int group = static_cast<int>(num_heads_v / num_heads);
+        const int group = static_cast<int>(a.num_heads_v / a.num_heads);
         // Below 2^31: q would otherwise hold 2^37 rows.
-        const int items = static_cast<int>(num_chunks * num_heads);
+        const int items = static_cast<int>(a.num_chunks * a.num_heads);
         int item = blockIdx.x;
         if (item >= items) return;
         const Unit first = unit_of(a, item, 0);
@@ -303,6 +291,7 @@ struct LocalGrads {
     // One unit, its inputs loaded (not yet waited for) and its gates given; add_to_dq_dk: a group's later v-head,
     // adding to the item's dq and dk. Loads the next unit's inputs (if has_next; Q and K too for a new_item) into
     // the tiles as this unit is done with them, and returns the next unit's gates.
+    template <class Args>
     __device__ static __forceinline__ float2 run_unit(Shared& smem, const Args& a, const Unit u, float2 gates,
                                                       bool add_to_dq_dk, bool has_next, const Unit next, bool new_item) {
         const int chunk = u.chunk, head = u.head, head_v = u.head_v, heads_v = static_cast<int>(a.num_heads_v);
