@@ -100,10 +100,14 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
     num_chunks = len(plan.chunks)
     states = q.new_empty((num_chunks, heads_v, head_dim, head_dim))
     d_states = torch.empty_like(states)
+    # The gradients kernel's whole-state sum of dg also reads what rounding S and dS' to 16 bits lost (its terms
+    # cancel: bench/NOTES.md, thirty-second session), a byte an element.
+    residuals = [torch.empty(states.shape, dtype=torch.int8, device=q.device) if per_chunk == "kernel" else None
+                 for _ in range(2)]
     d_initial = None if initial_state is None else torch.empty_like(initial_state)
     kernels = kernels_for_plan(plan, q, state_layout)
     tbeta, gamma_log2 = run_forward(plan, q_in, k_in, v, g, beta, cu_seqlens, initial_state, states, None, scale,
-                                    state_layout, False, states=True)
+                                    state_layout, False, states=True, state_residuals=residuals[0])
     chunks, segments, _, chains = plan.tables.on(q.device)
     reverse = {"q": q_in.data_ptr(), "k": k_in.data_ptr(), "g": g.data_ptr(), "tbeta": tbeta.data_ptr(),
                "d_out": d_out.data_ptr(), "d_final_state": 0 if d_final_state is None else d_final_state.data_ptr(),
@@ -111,6 +115,7 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
                "cu_seqlens_is_int64": int(cu_seqlens is not None and cu_seqlens.dtype is torch.int64),
                "segments": segments.data_ptr(), "gamma_log2": gamma_log2.data_ptr(), "end_states": 0, "summary": 0,
                "negligible_summaries": 0, "d_states": d_states.data_ptr(),
+               "d_state_residuals": 0 if residuals[1] is None else residuals[1].data_ptr(),
                "d_initial_state": 0 if d_initial is None else d_initial.data_ptr(), "num_heads": heads,
                "num_heads_v": heads_v, "scale": np.float32(scale),
                "negligible_log_decay": np.float32(-np.inf if plan.exact_split else NEGLIGIBLE_LOG_DECAY)}
@@ -123,6 +128,7 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
         kernels.reverse_summary.launch((2 * head_dim // plan.value_slice, heads_v, len(plan.segments)),
                                        **{**reverse, "summary": summaries.data_ptr(),
                                           "negligible_summaries": negligible.data_ptr(), "d_states": 0,
+                                          "d_state_residuals": 0,
                                           "d_initial_state": 0})
         kernels.chain.launch((head_dim // kernels.chain_columns, heads_v, len(plan.chains)),
                              summary=summaries.data_ptr(), negligible_summaries=negligible.data_ptr(),
@@ -133,8 +139,8 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
     kernels.reverse.launch((head_dim // plan.value_slice, heads_v, len(plan.segments)), **reverse)
 
     if per_chunk == "kernel":
-        dq, dk, dv, dg, dbeta = _kernel_grads(kernels, q_in, k_in, v, g, beta, tbeta, states, d_states, d_out,
-                                              chunks, scale)
+        dq, dk, dv, dg, dbeta = _kernel_grads(kernels, q_in, k_in, v, g, beta, tbeta, states, d_states, residuals,
+                                              d_out, chunks, scale)
     else:
         dq, dk, dv, dg, dbeta = _torch_grads(qf, kf, v, g, beta, states, d_states, d_out, chunks, scale, kernels.chunk)
     if l2norm:
@@ -142,7 +148,7 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
     return dq.to(dtype), dk.to(dtype), dv.to(dtype), dg, dbeta.to(beta.dtype), d_initial
 
 
-def _kernel_grads(kernels, q, k, v, g, beta, tbeta, states, d_states, d_out, chunks, scale):
+def _kernel_grads(kernels, q, k, v, g, beta, tbeta, states, d_states, residuals, d_out, chunks, scale):
     """dq, dk (fp32, summed over each GVA group in the kernel), dv, dg and dbeta (fp32) by
     gated_delta_rule_chunk_grads: persistent blocks, one an SM, over the (chunk, q/k head) items."""
     heads, heads_v = q.shape[2], v.shape[2]
@@ -155,7 +161,8 @@ def _kernel_grads(kernels, q, k, v, g, beta, tbeta, states, d_states, d_out, chu
         kernels.grads.launch((blocks,), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(),
                              beta=beta.data_ptr(), beta_is_fp32=int(beta.dtype is torch.float32),
                              chunks=chunks.data_ptr(), num_chunks=len(chunks), tbeta=tbeta.data_ptr(),
-                             states=states.data_ptr(),
+                             states=states.data_ptr(), state_residuals=residuals[0].data_ptr(),
+                             d_state_residuals=residuals[1].data_ptr(),
                              d_states=d_states.data_ptr(), d_out=d_out.data_ptr(), dq=dq.data_ptr(), dk=dk.data_ptr(),
                              dv=dv.data_ptr(), dg=dg.data_ptr(), dbeta=dbeta.data_ptr(), num_heads=heads,
                              num_heads_v=heads_v, scale=np.float32(scale))

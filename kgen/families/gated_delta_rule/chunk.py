@@ -228,10 +228,12 @@ def kernels_for_plan(plan: ChunkGatedDeltaRulePlan, q: torch.Tensor, state_layou
 
 
 def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
-                use_qk_l2norm_in_kernel, states: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                use_qk_l2norm_in_kernel, states: bool = False,
+                state_residuals: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward's kernels on checked inputs, on q's device (the current one); returns the KKT kernel's Tbeta and
     gate cumsums (log2 units, [chunk, HV, token]), which the backward reads again. With ``states``
-    (the backward's recompute) ``out`` is [chunks, HV, V, K] in q's dtype and receives S^T before every chunk."""
+    (the backward's recompute) ``out`` is [chunks, HV, V, K] in q's dtype and receives S^T before every chunk, and
+    ``state_residuals`` (int8, the same shape; or None) what rounding it to q's dtype lost."""
     device = q.device
     heads, head_dim, heads_v = q.shape[2], q.shape[3], v.shape[2]
     slice_v = plan.value_slice
@@ -273,7 +275,7 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
         "cu_seqlens": 0 if cu_seqlens is None else cu_seqlens.data_ptr(),
         "cu_seqlens_is_int64": int(cu_seqlens is not None and cu_seqlens.dtype is torch.int64), "initial_state": initial,
         "start_states": 0 if starts is None else starts.data_ptr(), "summary": 0, "negligible_summaries": 0,
-        "out": out.data_ptr(),
+        "out": out.data_ptr(), "state_residuals": 0 if state_residuals is None else state_residuals.data_ptr(),
         "final_state": 0 if final is None else final.data_ptr(), "num_heads": heads, "num_heads_v": heads_v,
         "scale": np.float32(scale), "use_qk_l2norm": l2norm,
         "negligible_log_decay": np.float32(NEGLIGIBLE_LOG_DECAY if shortcut else -np.inf)}
@@ -282,7 +284,8 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
         kernels.summary.launch((2 * head_dim // slice_v, heads_v, len(plan.summary_segments)),
                                **{**forward, "segments": summary_segments.data_ptr(), "initial_state": 0,
                                   "start_states": 0, "summary": summaries.data_ptr(),
-                                  "negligible_summaries": negligible.data_ptr(), "out": 0, "final_state": 0})
+                                  "negligible_summaries": negligible.data_ptr(), "out": 0, "state_residuals": 0,
+                                  "final_state": 0})
         kernels.chain.launch((head_dim // kernels.chain_columns, heads_v, len(plan.chains)), summary=summaries.data_ptr(),
                       negligible_summaries=negligible.data_ptr(),
                       initial_state=initial, start_states=starts.data_ptr(), chains=chains.data_ptr(),
