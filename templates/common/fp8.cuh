@@ -21,5 +21,19 @@ __device__ __forceinline__ unsigned short to_e4m3x2(float lo, float hi) {
     return out;
 }
 
+// Two floats as two e5m2 codes (saturating to the largest finite), `lo` in the lower byte.
+__device__ __forceinline__ unsigned short to_e5m2x2(float lo, float hi) {
+    unsigned short out;
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
+    return out;
+}
+
+// Two e5m2 codes (the lower byte first) as floats (exact: e5m2 is a subset of fp16).
+__device__ __forceinline__ float2 from_e5m2x2(unsigned short codes) {
+    unsigned halves;
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(halves) : "h"(codes));
+    return __half22float2(*reinterpret_cast<const __half2*>(&halves));
+}
+
 }  // namespace kgen
 {% endraw %}

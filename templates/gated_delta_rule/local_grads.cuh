@@ -427,23 +427,37 @@ struct LocalGrads {
         }
         // G_L's own share: sum_i (Kd . dKd)_i + e^{G_L} sum(dS' * S). The second sum's terms cancel far below
         // their size, so it takes S and dS' with what their 16-bit copies lost (the recompute's and the reverse
-        // recurrence's residuals, tiles.cuh's residual_of): from the copies alone dg missed the 1e-2 bar on a
+        // recurrence's rounding losses, tiles.cuh's store_residual_rows): from the copies alone dg missed the 1e-2 bar on a
         // head without decay (bench/NOTES.md, thirty-second session). 16 keys of a value row a thread at a time.
         {
             const long long state_offset = (static_cast<long long>(chunk) * heads_v + head_v) * kHeadDim * kHeadDim;
+            constexpr int kRounds = kStateRows * kHeadDim / (16 * kThreads);
+            static_assert(kRounds * 16 * kThreads == kStateRows * kHeadDim, "own: whole rounds of 16 elements a thread");
             float own = 0.f;
-            for (int x = 16 * threadIdx.x; x < kStateRows * kHeadDim; x += 16 * kThreads) {
-                const int value = x / kHeadDim, key = x % kHeadDim;
-                const int4 s_lost = *reinterpret_cast<const int4*>(a.state_residuals + state_offset + x);
-                const int4 d_lost = *reinterpret_cast<const int4*>(a.d_state_residuals + state_offset + x);
+            // Both loads of a round before either is used (with all rounds' at once, ptxas spilled).
+            int4 s_lost = *reinterpret_cast<const int4*>(a.state_residuals + state_offset + 16 * threadIdx.x);
+            int4 d_lost = *reinterpret_cast<const int4*>(a.d_state_residuals + state_offset + 16 * threadIdx.x);
+#pragma unroll 1
+            for (int round = 0; round < kRounds; ++round) {
+                const int x = 16 * (threadIdx.x + round * kThreads), value = x / kHeadDim, key = x % kHeadDim;
+                const int4 s_now = s_lost, d_now = d_lost;
+                if (round + 1 < kRounds) {  // the next round's, a round ahead
+                    s_lost = *reinterpret_cast<const int4*>(a.state_residuals + state_offset + x + 16 * kThreads);
+                    d_lost = *reinterpret_cast<const int4*>(a.d_state_residuals + state_offset + x + 16 * kThreads);
+                }
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const uint4 s_kept = *reinterpret_cast<const uint4*>(smem.state + at<kStateRows>(value, key + 8 * half));
                     const uint4 d_kept = *reinterpret_cast<const uint4*>(smem.d_state + at<kStateRows>(value, key + 8 * half));
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) {
-                        own += with_residual<T>(reinterpret_cast<const T*>(&s_kept)[i], reinterpret_cast<const signed char*>(&s_lost)[8 * half + i]) *
-                               with_residual<T>(reinterpret_cast<const T*>(&d_kept)[i], reinterpret_cast<const signed char*>(&d_lost)[8 * half + i]);
+                    for (int i = 0; i < 8; i += 2) {
+                        const float2 s_pair = unpack2<T>(reinterpret_cast<const unsigned*>(&s_kept)[i / 2]);
+                        const float2 d_pair = unpack2<T>(reinterpret_cast<const unsigned*>(&d_kept)[i / 2]);
+                        const float2 s_loss = from_e5m2x2(reinterpret_cast<const unsigned short*>(&s_now)[(8 * half + i) / 2]);
+                        const float2 d_loss = from_e5m2x2(reinterpret_cast<const unsigned short*>(&d_now)[(8 * half + i) / 2]);
+                        constexpr float kUnscale = 1.f / kResidualScale;
+                        own = fmaf(fmaf(s_loss.x, kUnscale, s_pair.x), fmaf(d_loss.x, kUnscale, d_pair.x), own);
+                        own = fmaf(fmaf(s_loss.y, kUnscale, s_pair.y), fmaf(d_loss.y, kUnscale, d_pair.y), own);
                     }
                 }
             }

@@ -140,7 +140,7 @@ struct Recurrence {
     // names). Taken one by one, not as one struct, whose loads ptxas schedules differently.
     // kSummary: the segment's summary (chunk.cu.j2). kStates (the backward's recompute): no output; ``out``
     // receives, before every chunk, the 16-bit S^T of this block's value slice, [chunk, v-head, V, K], and
-    // state_residuals (unless null) their rounding's residuals (tiles.cuh's residual_of), in the same places.
+    // state_residuals (unless null) what that rounding lost (tiles.cuh's store_residual_rows), in the same places.
     // The output kernels (neither) run one state warpgroup per slice (kWide: kWideGroups, else one) and an
     // output warpgroup: the state ones carry their slices of the state from chunk to chunk, in step; the last
     // computes O from what they leave in shared memory, so that the state's chain of products waits for none
@@ -155,7 +155,7 @@ struct Recurrence {
                                                const void* __restrict__ cu_seqlens, long long cu_seqlens_is_int64, const float* __restrict__ initial_state,
                                                const float* __restrict__ start_states, float* __restrict__ summary,
                                                int* __restrict__ negligible_summaries,
-                                               T* __restrict__ out, signed char* __restrict__ state_residuals,
+                                               T* __restrict__ out, unsigned char* __restrict__ state_residuals,
                                                float* __restrict__ final_state, long long num_heads,
                                                long long num_heads_v, float scale, long long use_qk_l2norm,
                                                float negligible_log_decay) {

@@ -4,8 +4,8 @@
 //     dS  = e^{Gamma_last} dS' + scale (diag(e^Gamma) dO)^T Q - (diag(e^Gamma) Tbeta^T dVn)^T K
 // (the gradient of chunk.cu.j2's S = e^{Gamma_last} S + K^T diag(e^{Gamma_last - Gamma}) Vn and O through
 // S, with Vn = Tbeta (V - diag(e^Gamma) K S)). It writes every chunk's dS' (16-bit, transposed,
-// [chunk, v-head, V, K]) for the per-chunk gradients, with its rounding's residuals unless d_state_residuals is
-// null (tiles.cuh's residual_of), and the sequence's dS before its first chunk.
+// [chunk, v-head, V, K]) for the per-chunk gradients, with what that rounding lost unless d_state_residuals is
+// null (tiles.cuh's store_residual_rows), and the sequence's dS before its first chunk.
 // A block (one warpgroup) owns (segment, v-head, slice of kSliceV value columns) and keeps dS'^T [kSliceV, K] in
 // fp32 wgmma accumulators, with a 16-bit copy in shared memory as K dS''s B operand. The chunk before this one
 // loads by cp.async while this one computes: its Q and K into a second buffer from the step's start, its dO slice
@@ -70,7 +70,7 @@ struct Reverse {
                                                long long cu_seqlens_is_int64, const int* __restrict__ segments,
                                                const float* __restrict__ gamma_log2, const float* __restrict__ end_states,
                                                float* __restrict__ summary, int* __restrict__ negligible_summaries,
-                                               T* __restrict__ d_states, signed char* __restrict__ d_state_residuals,
+                                               T* __restrict__ d_states, unsigned char* __restrict__ d_state_residuals,
                                                float* __restrict__ d_initial_state,
                                                long long num_heads, long long num_heads_v, float scale,
                                                float negligible_log_decay) {
@@ -178,7 +178,7 @@ struct Reverse {
             } else {
                 kgen::cp_async_wait<0>();
             }
-            if constexpr (!kSummary) {  // dS'^T of this chunk, 16-bit, for the per-chunk gradients, and its residuals
+            if constexpr (!kSummary) {  // dS'^T of this chunk, 16-bit, for the per-chunk gradients, and what that lost
                 const long long at = (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim;
                 store_rows<T, kHeadDim>(d_states + at, ds, value0 + row, fragment_column);
                 if (d_state_residuals != nullptr) store_residual_rows<T, kHeadDim>(d_state_residuals + at, ds, value0 + row, fragment_column);

@@ -92,47 +92,22 @@ __device__ __forceinline__ void store_rows(E* dest, const float (&c)[kTiles][4],
 
 // What rounding a value to E (16-bit) loses, kept in a byte for the one sum that needs it: dg's whole-state
 // inner product e^{G_L} <S, dS'> of a chunk, 16,384 terms that cancel, which 16-bit S and dS' alone leave at
-// about the 1e-2 bar (bench/NOTES.md, thirty-second session). q = round(254 (v - E(v)) / ulp(E(v))) lies in
-// [-127, 127] (rounding to nearest misses by half an ulp at most), and E(v) + q ulp / 254 is v to about 2^-16 of
-// it (bf16; 2^-19 in fp16's normal range), never further from v than E(v) (checked by a float32 model of both
-// functions over 10^4.5 random values). Zero where E(v) is zero, tiny, or not finite (the residual is negligible
-// there, or v is lost anyway).
-template <class E> struct MantissaBits;
-template <> struct MantissaBits<__nv_bfloat16> { static constexpr int value = 7; };
-template <> struct MantissaBits<__half> { static constexpr int value = 10; };
+// about the 1e-2 bar (bench/NOTES.md, thirty-second session). The byte is the loss v - E(v) times kResidualScale
+// as FP8 e5m2 (two mantissa bits; normal from 2^-14 to 57344): E(v) + loss is v to 2^-11 of it for bf16 (its own
+// 2^-9 made four times finer or more; fp16's 2^-12 becomes 2^-15) for |v| from about 2^-17 to 7000, and never
+// further from v than E(v) (a float32 model over 2 x 10^6 random values); a NaN or infinite v keeps a NaN loss.
+constexpr float kResidualScale = 4096.f;
 
-template <class E>
-__device__ __forceinline__ signed char residual_of(float v) {
-    constexpr int kBits = MantissaBits<E>::value;
-    const float rounded = to_f32<E>(from_f32<E>(v));
-    const int field = static_cast<int>((__float_as_uint(rounded) >> 23) & 0xff);  // the biased exponent
-    if (field <= kBits || field == 255) return 0;
-    const float per_ulp = __uint_as_float(static_cast<unsigned>(254 + kBits - field) << 23);  // 1 / ulp, a power of 2
-    const int q = __float2int_rn((v - rounded) * per_ulp * 254.f);  // v - rounded is exact in fp32
-    return static_cast<signed char>(max(-127, min(127, q)));
-}
-
-// The value residual_of's byte came from, given its rounded 16-bit value.
-template <class E>
-__device__ __forceinline__ float with_residual(E rounded, signed char q) {
-    constexpr int kBits = MantissaBits<E>::value;
-    const float x = to_f32<E>(rounded);
-    const int field = static_cast<int>((__float_as_uint(x) >> 23) & 0xff);
-    if (field <= kBits || field == 255) return x;
-    return x + static_cast<float>(q) * (__uint_as_float(static_cast<unsigned>(field - kBits) << 23) * (1.f / 254.f));
-}
-
-// store_rows' residuals (residual_of for E), a byte each, same places.
+// store_rows' rounding losses (see above), a byte each at the same places: the two of a pair as one 16-bit store.
 template <class E, int kStride, int kTiles>
-__device__ __forceinline__ void store_residual_rows(signed char* dest, const float (&c)[kTiles][4], int row0, int column) {
+__device__ __forceinline__ void store_residual_rows(unsigned char* dest, const float (&c)[kTiles][4], int row0, int column) {
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const unsigned pair = static_cast<unsigned char>(residual_of<E>(c[n][2 * half])) |
-                                  static_cast<unsigned>(static_cast<unsigned char>(residual_of<E>(c[n][2 * half + 1]))) << 8;
+            const float2 kept = unpack2<E>(pack2<E>(c[n][2 * half], c[n][2 * half + 1]));  // store_rows' rounding
             *reinterpret_cast<unsigned short*>(dest + static_cast<long long>(row0 + 8 * half) * kStride + 8 * n + column) =
-                static_cast<unsigned short>(pair);
+                to_e5m2x2((c[n][2 * half] - kept.x) * kResidualScale, (c[n][2 * half + 1] - kept.y) * kResidualScale);
         }
     }
 }

@@ -102,7 +102,7 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
     d_states = torch.empty_like(states)
     # The gradients kernel's whole-state sum of dg also reads what rounding S and dS' to 16 bits lost (its terms
     # cancel: bench/NOTES.md, thirty-second session), a byte an element.
-    residuals = [torch.empty(states.shape, dtype=torch.int8, device=q.device) if per_chunk == "kernel" else None
+    residuals = [torch.empty(states.shape, dtype=torch.uint8, device=q.device) if per_chunk == "kernel" else None
                  for _ in range(2)]
     d_initial = None if initial_state is None else torch.empty_like(initial_state)
     kernels = kernels_for_plan(plan, q, state_layout)

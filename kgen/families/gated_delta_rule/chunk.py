@@ -233,7 +233,7 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
     """The forward's kernels on checked inputs, on q's device (the current one); returns the KKT kernel's Tbeta and
     gate cumsums (log2 units, [chunk, HV, token]), which the backward reads again. With ``states``
     (the backward's recompute) ``out`` is [chunks, HV, V, K] in q's dtype and receives S^T before every chunk, and
-    ``state_residuals`` (int8, the same shape; or None) what rounding it to q's dtype lost."""
+    ``state_residuals`` (uint8 FP8 codes, the same shape; or None) what rounding it to q's dtype lost."""
     device = q.device
     heads, head_dim, heads_v = q.shape[2], q.shape[3], v.shape[2]
     slice_v = plan.value_slice
