@@ -199,6 +199,12 @@ struct LocalGrads {
         barrier();
     }
 
+    // Word w of a 16-byte vector (int4 or uint4; w known where the loops unroll).
+    template <class Vector>
+    __device__ static __forceinline__ unsigned word_of(const Vector& vector, int w) {
+        return static_cast<unsigned>(w == 0 ? vector.x : w == 1 ? vector.y : w == 2 ? vector.z : vector.w);
+    }
+
     // Rows [0, valid) of a [kRows][kCols] global matrix (row stride in elements) into a tile by cp.async, the
     // rest zero-filled and never read.
     template <int kCols, int kRows = kChunk>
@@ -451,10 +457,11 @@ struct LocalGrads {
                     const uint4 d_kept = *reinterpret_cast<const uint4*>(smem.d_state + at<kStateRows>(value, key + 8 * half));
 #pragma unroll
                     for (int i = 0; i < 8; i += 2) {
-                        const float2 s_pair = unpack2<T>(reinterpret_cast<const unsigned*>(&s_kept)[i / 2]);
-                        const float2 d_pair = unpack2<T>(reinterpret_cast<const unsigned*>(&d_kept)[i / 2]);
-                        const float2 s_loss = from_e5m2x2(reinterpret_cast<const unsigned short*>(&s_now)[(8 * half + i) / 2]);
-                        const float2 d_loss = from_e5m2x2(reinterpret_cast<const unsigned short*>(&d_now)[(8 * half + i) / 2]);
+                        const float2 s_pair = unpack2<T>(word_of(s_kept, i / 2)), d_pair = unpack2<T>(word_of(d_kept, i / 2));
+                        // Bytes 8 half + i and + 1 of the round's 16: word (8 half + i) / 4, its lower or upper 16 bits.
+                        const int word = (8 * half + i) / 4, shift = 16 * ((i / 2) % 2);
+                        const float2 s_loss = from_e5m2x2(static_cast<unsigned short>(word_of(s_now, word) >> shift));
+                        const float2 d_loss = from_e5m2x2(static_cast<unsigned short>(word_of(d_now, word) >> shift));
                         constexpr float kUnscale = 1.f / kResidualScale;
                         own = fmaf(fmaf(s_loss.x, kUnscale, s_pair.x), fmaf(d_loss.x, kUnscale, d_pair.x), own);
                         own = fmaf(fmaf(s_loss.y, kUnscale, s_pair.y), fmaf(d_loss.y, kUnscale, d_pair.y), own);

@@ -1,5 +1,5 @@
 // Shared-memory tiles of the chunked gated delta rule and their mma.sync fragments.
-// Needs common/numeric.cuh, smem.cuh, swizzle.cuh, mma.cuh and cp_async.cuh.
+// Needs common/numeric.cuh, smem.cuh, swizzle.cuh, mma.cuh, cp_async.cuh and fp8.cuh (the states' rounding losses).
 //
 // A tile is [kRows][kCols] 16-bit elements, kCols a multiple of 64, in TMA's 128-byte swizzled
 // layout (common/swizzle.cuh), which wgmma's descriptors read too; the eight row addresses of an
