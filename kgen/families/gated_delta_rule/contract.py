@@ -36,21 +36,20 @@ def _gated_delta_rule_kkt(params: Mapping[str, Any]) -> LaunchContract:
 _GDN_RECURRENCE_PARAMETERS = parameters(
     "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, kgen::TmaDescriptor map_tbeta, "
     "const T* q, const T* k, const T* v, const T* tbeta, const float* gamma_log2, const int* segments, "
-    "const void* cu_seqlens, long long cu_seqlens_is_int64, const float* initial_state, const float* start_states, float* summary, int* negligible_summaries, T* out, unsigned char* state_residuals, "
-    "float* final_state, "
+    "const void* cu_seqlens, long long cu_seqlens_is_int64, const float* initial_state, const float* start_states, "
+    "float* summary, int* negligible_summaries, T* out, unsigned char* state_residuals, float* final_state, "
     "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm, float negligible_log_decay")
 _GDN_REVERSE_PARAMETERS = parameters(
     "const T* q, const T* k, const float* g, const T* tbeta, const T* d_out, const float* d_final_state, "
     "const void* cu_seqlens, long long cu_seqlens_is_int64, const int* segments, const float* gamma_log2, "
-    "const float* end_states, float* summary, int* negligible_summaries, T* d_states, unsigned char* d_state_residuals, "
-    "float* d_initial_state, "
-    "long long num_heads, long long num_heads_v, float scale, float negligible_log_decay")
+    "const float* end_states, float* summary, int* negligible_summaries, T* d_states, "
+    "unsigned char* d_state_residuals, float* d_initial_state, long long num_heads, long long num_heads_v, float scale, "
+    "float negligible_log_decay")
 _GDN_GRADS_PARAMETERS = parameters(
     "const T* q, const T* k, const T* v, const float* g, const void* beta, long long beta_is_fp32, const int* chunks, "
     "long long num_chunks, const T* tbeta, const T* states, const T* d_states, const unsigned char* state_residuals, "
-    "const unsigned char* d_state_residuals, const T* d_out, float* dq, float* dk, "
-    "T* dv, float* dg, "
-    "float* dbeta, long long num_heads, long long num_heads_v, float scale")
+    "const unsigned char* d_state_residuals, const T* d_out, float* dq, float* dk, T* dv, float* dg, float* dbeta, "
+    "long long num_heads, long long num_heads_v, float scale")
 #: The per-chunk gradients' block: threads.
 GDN_GRADS_THREADS = 256
 #: Fields of a segment row, as the planner writes them and the recurrence reads them (recurrence.cuh's
