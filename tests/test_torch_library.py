@@ -194,9 +194,9 @@ def test_a_differentiable_chunk_call_is_checked_like_any_other():
 
 def test_autograd_leaves_the_gdn_backward_path_to_the_setting():
     with kgen.config.overrides(KGEN_GDN_BACKWARD=None):  # unset, whatever the environment says
-        assert kgen.config.gdn_backward() == "torch"
-    with kgen.config.overrides(KGEN_GDN_BACKWARD="kernel"):
         assert kgen.config.gdn_backward() == "kernel"
+    with kgen.config.overrides(KGEN_GDN_BACKWARD="torch"):
+        assert kgen.config.gdn_backward() == "torch"
     # The backward op (what autograd calls) names no path, so the setting decides it for every training step.
     q = torch.zeros(1, 2, 2, 128)
     grads = (q, q, q, q[..., 0], q[..., 0], torch.zeros(0))

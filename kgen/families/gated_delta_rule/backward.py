@@ -8,13 +8,13 @@ The forward keeps nothing but its inputs (as FlashQLA's). The backward
    at once, as in the forward: ``gated_delta_rule_chunk_reverse_summary`` maps each segment but the first of its
    sequence to dS = M dS' + h, and ``gated_delta_rule_chunk_chain`` walks them from the sequence's end into every
    segment's exact end dS' (with the forward's decay-bounded shortcut, unless the plan is exact_split);
-3. takes every chunk's dq, dk, dv, dg and dbeta from them: by default with :mod:`.local_grads` (batched torch
-   products in fp32 over slices of chunks, then dq and dk summed over each GVA group); with
-   ``per_chunk="kernel"`` by ``gated_delta_rule_chunk_grads``, a block per (chunk, q/k head) taking its v-heads
-   in turn (wgmma, everything in shared memory, dq and dk summed over the group in the kernel): several times
-   faster, but its dg missed the 1e-2 bar on one GPU test case, see bench/NOTES.md "Fifteenth session");
-   then takes the in-kernel l2norm's backward. ``KGEN_GDN_BACKWARD=kernel``
-   makes the kernel the path of every call that does not name one, autograd's included.
+3. takes every chunk's dq, dk, dv, dg and dbeta from them: by default with ``gated_delta_rule_chunk_grads``,
+   persistent blocks over the (chunk, q/k head) items, each taking its v-heads in turn (wgmma, everything in
+   shared memory, dq and dk summed over the group in the kernel; dg's whole-state sum with the states' rounding
+   losses, which steps 1 and 2 write for it); with ``per_chunk="torch"`` by :mod:`.local_grads` (batched torch
+   products in fp32 over slices of chunks, then dq and dk summed over each GVA group), several times slower;
+   then takes the in-kernel l2norm's backward. ``KGEN_GDN_BACKWARD=torch`` makes the torch stage the path of
+   every call that does not name one, autograd's included.
 
 Rows past a sequence are zero in every chunk the backward reads, so one sequence's gradients never see
 another's data. Nothing here synchronises with the device.
