@@ -156,10 +156,18 @@ class SpecPathMemo:
         return self._entries
 
     def get(self, key: tuple):
-        return self._entries_of_the_current_path().get(key)
+        entries = self._entries_of_the_current_path()
+        try:
+            return entries.get(key)
+        except TypeError:  # a caller's unhashable argument in the key: not memoised; what the memo stands in front
+            return None    # of refuses it by name (a planner fuzz found tail=[] crashing here)
 
     def put(self, key: tuple, value: Any) -> Any:
-        self._entries_of_the_current_path()[key] = value
+        entries = self._entries_of_the_current_path()
+        try:
+            entries[key] = value
+        except TypeError:  # unhashable, as in get
+            pass
         return value
 
 
