@@ -112,10 +112,12 @@ struct LocalGrads {
         fence_proxy_async_shared();
         __syncthreads();
     }
-    // The warpgroup's own barrier, after its writes are made visible to its products.
+    // The warpgroup's own barrier, after its writes are made visible to its products; group_wait without that
+    // (before overwriting a tile that every warp's product has read: the products are complete).
+    __device__ static __forceinline__ void group_wait(int group) { named_barrier_sync(kChainGroup + group, kGroupThreads); }
     __device__ static __forceinline__ void group_sync(int group) {
         fence_proxy_async_shared();
-        named_barrier_sync(kChainGroup + group, kGroupThreads);
+        group_wait(group);
     }
     // A hand-over: the writing warpgroup makes its writes visible (to the tensor core too) and arrives; the
     // reading one waits. bar.arrive orders this thread's earlier memory accesses before the waiters' later ones.
@@ -232,8 +234,9 @@ struct LocalGrads {
     }
 
     // The gradient of exponents G_i - G_j from a 64x64 matrix M in accumulators: its row sums into d_gamma, its
-    // column sums (the warp's rows by shuffles, then the four warps in order) into `columns`. Ends with the
-    // warpgroup's barrier.
+    // column sums (the warp's rows by shuffles, then the four warps in order) into `columns`. Its warpgroup
+    // barrier (before the columns' last add) also orders the warpgroup's shared-memory writes before the call
+    // (fenced for the tensor core by their writers) before what follows.
     __device__ static __forceinline__ void add_exponent_sums(GroupSums& sums, int group, const float (&m)[kChunk / 8][4]) {
         add_row_sums<kChunk>(sums.d_gamma, m, [](int, int, float x) { return x; });
         float column[kChunk / 8][2];
@@ -254,7 +257,7 @@ struct LocalGrads {
                 for (int c = 0; c < 2; ++c) sums.column_part[warp][8 * n + 2 * lane + c] = column[n][c];
             }
         }
-        group_sync(group);
+        group_wait(group);
         const int local = threadIdx.x % kGroupThreads;
         if (local < kChunk) {
             sums.columns[local] += sums.column_part[0][local] + sums.column_part[1][local] +
@@ -398,17 +401,9 @@ struct LocalGrads {
         barrier();
         if (threadIdx.x < 32) {  // G = the in-chunk cumsum of g, lane l's tokens 2 l and 2 l + 1
             const int lane = threadIdx.x;
-            const float g0 = smem.gamma[2 * lane], g1 = smem.gamma[2 * lane + 1];
-            float through = g0 + g1;
-#pragma unroll
-            for (int offset = 1; offset < 32; offset *= 2) {
-                const float before = __shfl_up_sync(0xffffffffu, through, offset);
-                if (lane >= offset) through += before;
-            }
-            float before = __shfl_up_sync(0xffffffffu, through, 1);
-            if (lane == 0) before = 0.f;
-            smem.gamma[2 * lane] = before + g0;
-            smem.gamma[2 * lane + 1] = (before + g0) + g1;
+            const float2 gamma = chunk_cumsum(smem.gamma[2 * lane], smem.gamma[2 * lane + 1], lane);
+            smem.gamma[2 * lane] = gamma.x;
+            smem.gamma[2 * lane + 1] = gamma.y;
         }
         barrier();
         const int valid = valid_rows(a, u.chunk);
@@ -465,7 +460,7 @@ struct LocalGrads {
                     via_k[n][e] = smem.beta[j] * (__expf(smem.gamma[j]) * via_k[n][e] + via_v[n][e]);
                 }
             }
-            group_sync(kChain);  // every warp's P^T dO has read P's tile
+            group_wait(kChain);  // every warp's P^T dO has read P's tile
             store<kChunk>(smem.p, via_k);
         }
         // dq = scale diag(e^G) dO S^T + dqk K; q . (its first term) is G's.
@@ -539,7 +534,7 @@ struct LocalGrads {
             float t[kChunk / 8][4];
             product<kChunk, kChunk, false, true>(t, smem.tbeta, smem.t);
             each<kChunk>(t, [](int i, int j, float x) { return (i == j ? 1.f : 0.f) - x; });
-            group_sync(kSide);  // every warp's product has read L
+            group_wait(kSide);  // every warp's product has read L
             store<kChunk>(smem.t, t);
         }
         hand_over(kTReady);
@@ -551,7 +546,7 @@ struct LocalGrads {
             store<kHeadDim>(smem.z_vn, z);
             group_sync(kSide);  // Z complete, and T for this warpgroup's products
             product<kHeadDim, kChunk, false, true>(z, smem.tbeta, smem.z_vn);
-            group_sync(kSide);  // every warp's product has read Z, and Tbeta for the last time
+            group_wait(kSide);  // every warp's product has read Z, and Tbeta for the last time
             store<kHeadDim>(smem.z_vn, z);
             group_sync(kSide);  // Vn complete
         }
@@ -707,15 +702,11 @@ struct LocalGrads {
             for (int w = 0; w < kWarps; ++w) states += smem.block_part[w];
             d_gamma[1] += via + __expf(c.gamma_last) * states;
         }
-        float from = d_gamma[0] + d_gamma[1];  // the sum over lanes lane.. 31
-#pragma unroll
-        for (int offset = 1; offset < 32; offset *= 2) {
-            const float after = __shfl_down_sync(0xffffffffu, from, offset);
-            if (lane + offset < 32) from += after;
-        }
-        float after = __shfl_down_sync(0xffffffffu, from, 1);
-        if (lane == 31) after = 0.f;
-        const float dg[2] = {(after + d_gamma[1]) + d_gamma[0], after + d_gamma[1]};
+        // dG summed from the chunk's end: chunk_cumsum over the tokens in reverse order (lane 31 - l's pair,
+        // swapped), the sums then handed back.
+        const float2 from_end = chunk_cumsum(__shfl_xor_sync(0xffffffffu, d_gamma[1], 31),
+                                             __shfl_xor_sync(0xffffffffu, d_gamma[0], 31), lane);
+        const float dg[2] = {__shfl_xor_sync(0xffffffffu, from_end.y, 31), __shfl_xor_sync(0xffffffffu, from_end.x, 31)};
         const long long heads_v = a.num_heads_v, token = a.chunks[2 * c.unit.chunk];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {

@@ -183,7 +183,7 @@ struct Reverse {
                 store_rows<T, kHeadDim>(d_states + at, ds, value0 + row, fragment_column);
                 if (d_state_residuals != nullptr) store_residual_rows<T, kHeadDim>(d_state_residuals + at, ds, value0 + row, fragment_column);
             }
-            const float2 gamma = gate_cumsum(gate[0], gate[1], lane);
+            const float2 gamma = chunk_cumsum(gate[0], gate[1], lane);
             if (c > 0) gates_of(c - 1, gate);
             const float gamma_last = __shfl_sync(0xffffffffu, gamma.y, 31);
             const float gamma_row[2] = {gamma_of(gamma, row), gamma_of(gamma, row + 8)};

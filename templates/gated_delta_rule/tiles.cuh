@@ -165,9 +165,9 @@ __device__ __forceinline__ void inverse_row_norms(const E* tile, float* scales, 
     }
 }
 
-// The in-chunk inclusive cumsum of the gates: lane l holds tokens 2l and 2l + 1 (gates past the
-// sequence end are 0, so they repeat the last token's sum). Returns both of the lane's sums.
-__device__ __forceinline__ float2 gate_cumsum(float g0, float g1, int lane) {
+// The in-chunk inclusive cumsum of a warp's 64 values, lane l holding tokens 2l and 2l + 1 (of the gates: gates
+// past the sequence end are 0, so they repeat the last token's sum). Returns both of the lane's sums.
+__device__ __forceinline__ float2 chunk_cumsum(float g0, float g1, int lane) {
     float pair = g0 + g1;
 #pragma unroll
     for (int offset = 1; offset < 32; offset *= 2) {
