@@ -30,7 +30,7 @@
 // and K.
 //
 // Config as for recurrence.cuh (T, kHeadDim, kHasIncompleteTile). Needs common/ numeric, smem, swizzle, cp_async,
-// tma (the proxy fence), warp_roles (named barriers), fp8 and wgmma (widths 64 and head_dim);
+// tma (the proxy fence, the L2 prefetch), warp_roles (named barriers), fp8 and wgmma (widths 64 and head_dim);
 // gated_delta_rule/tiles.cuh (kChunk, accumulators_as_a, kResidualScale).
 namespace kgen {
 namespace gdn {
@@ -322,6 +322,15 @@ struct LocalGrads {
                      kChunk, kChunk, loader, loaders);
     }
 
+    // The unit's two rounding-loss slices (add_state_products reads them on the chain warpgroup's path) into L2,
+    // by one thread, a unit ahead.
+    template <class Args>
+    __device__ static __forceinline__ void prefetch_residuals(const Args& a, const Unit& u) {
+        const long long offset = (static_cast<long long>(u.chunk) * a.num_heads_v + u.head_v) * kHeadDim * kHeadDim;
+        prefetch_l2(a.state_residuals + offset, kStateRows * kHeadDim);
+        prefetch_l2(a.d_state_residuals + offset, kStateRows * kHeadDim);
+    }
+
     // Thread i < kChunk's gate g and beta of the unit's token i (zeros past the sequence, and for other threads).
     template <class Args>
     __device__ static __forceinline__ float2 gates_of(const Args& a, const Unit& u) {
@@ -368,6 +377,7 @@ struct LocalGrads {
         load_early(smem, a, first, true, threadIdx.x, kThreads);
         load_late(smem, a, first, true, threadIdx.x, kThreads);
         cp_async_commit();
+        if (threadIdx.x == 0) prefetch_residuals(a, first);
         float2 gates = gates_of(a, first);
         for (int group_index = 0;;) {
             // The unit after this one: the group's next v-head, else the block's next item's first.
@@ -409,6 +419,7 @@ struct LocalGrads {
         const int valid = valid_rows(a, u.chunk);
         const Context c{u, a.scale, smem.gamma[kChunk - 1],
                         {!kHasIncompleteTile || row_of(0) < valid, !kHasIncompleteTile || row_of(2) < valid}, add_to_dq_dk};
+        if (has_next && threadIdx.x == kGroupThreads) prefetch_residuals(a, next);
         float2 next_gates = make_float2(0.f, 0.f);
         if (group == kChain) {
             if (has_next) next_gates = gates_of(a, next);  // threads 0-63: in this warpgroup
