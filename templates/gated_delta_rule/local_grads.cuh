@@ -127,39 +127,54 @@ struct LocalGrads {
     }
     __device__ static __forceinline__ void await(Barrier b) { named_barrier_sync(b, kThreads); }
 
-    // op(A) op(B) into the warpgroup's accumulators (all 64 rows, kN columns): A a [64][kK] tile (or stored [kK][64]
-    // when kATransposed), B a [kK][kN] tile (kBKN) or stored [kN][kK]. Accumulators as wgmma's (the mma.sync
-    // fragment layout, warp w of the warpgroup on rows 16 w ..); kAccumulate adds the product to them.
-    template <int kN, int kK, bool kATransposed, bool kBKN, bool kAccumulate = false>
-    __device__ static __forceinline__ void product(float (&acc)[kN / 8][4], const T* a, const T* b) {
+    // op(A) op(B) into the warpgroup's accumulators (all 64 rows, kN columns), issued (wgmma_fence'd by the
+    // caller, not committed): A a [64][kK] tile (or stored [kK][64] when kATransposed), B a [kK][kN] tile (kBKN) or
+    // stored [kN][kK]. Accumulators as wgmma's (the mma.sync fragment layout, warp w of the warpgroup on rows
+    // 16 w ..); `accumulate` adds the product to them.
+    template <int kN, int kK, bool kATransposed, bool kBKN>
+    __device__ static __forceinline__ void issue(float (&acc)[kN / 8][4], const T* a, const T* b, bool accumulate) {
         static_assert(kN % kSpanCols == 0 && kK % 16 == 0, "product: whole spans");
         const unsigned a_base = smem_addr(a), b_base = smem_addr(b);
-        wgmma_fence();
 #pragma unroll
         for (int k0 = 0; k0 < kK; k0 += 16) {
             const unsigned long long a_desc =
                 kATransposed ? mn_major(a_base + k0 * kSpanBytes, kK * kSpanBytes)
                              : k_major(a_base + (k0 / kSpanCols) * (kChunk * kSpanBytes) + (k0 % kSpanCols) * 2);
             wgmma_ss<kN, kBKN ? 1 : 0, kATransposed ? 1 : 0>(acc, a_desc, b_descriptor<kN, kK, kBKN>(b_base, k0),
-                                                           kAccumulate || k0 > 0);
+                                                           accumulate || k0 > 0);
         }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_operands(acc);
     }
 
-    // The same with A from registers (wgmma's RS form): a product's accumulators packed by accumulators_as_a (16-bit, as a tile of
-    // them would hold).
+    // The same with A from registers (wgmma's RS form): a product's accumulators packed by accumulators_as_a
+    // (16-bit, as a tile of them would hold).
     template <int kN, int kK, bool kBKN>
-    __device__ static __forceinline__ void product_rs(float (&acc)[kN / 8][4], unsigned (&a)[kK / 16][4], const T* b) {
+    __device__ static __forceinline__ void issue_rs(float (&acc)[kN / 8][4], unsigned (&a)[kK / 16][4], const T* b) {
         const unsigned b_base = smem_addr(b);
-        fence_operands(a);
-        wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kK / 16; ++kk) wgmma_rs<kN, kBKN ? 1 : 0>(acc, a[kk], b_descriptor<kN, kK, kBKN>(b_base, 16 * kk), kk > 0);
+    }
+
+    // Commits the products issued and waits for them: their accumulators are then the thread's again.
+    template <class... Accumulators>
+    __device__ static __forceinline__ void complete(Accumulators&... accumulators) {
         wgmma_commit();
         wgmma_wait<0>();
-        fence_operands(acc);
+        (fence_operands(accumulators), ...);
+    }
+
+    // One product, issued and completed.
+    template <int kN, int kK, bool kATransposed, bool kBKN, bool kAccumulate = false>
+    __device__ static __forceinline__ void product(float (&acc)[kN / 8][4], const T* a, const T* b) {
+        wgmma_fence();
+        issue<kN, kK, kATransposed, kBKN>(acc, a, b, kAccumulate);
+        complete(acc);
+    }
+    template <int kN, int kK, bool kBKN>
+    __device__ static __forceinline__ void product_rs(float (&acc)[kN / 8][4], unsigned (&a)[kK / 16][4], const T* b) {
+        fence_operands(a);
+        wgmma_fence();
+        issue_rs<kN, kK, kBKN>(acc, a, b);
+        complete(acc);
     }
 
     // Row and column of accumulator element (n, e).
@@ -461,8 +476,12 @@ struct LocalGrads {
         // dt = (dw Kb^T + dVn Vb^T): column j of both times beta_j (and e^{G_j}: Kb = diag(beta e^G) K).
         {
             float via_k[kChunk / 8][4], via_v[kChunk / 8][4];
-            product_rs<kChunk, kHeadDim, false>(via_k, dw_a, smem.k);
-            product_rs<kChunk, kHeadDim, false>(via_v, d_vn_a, smem.v);
+            fence_operands(dw_a);
+            fence_operands(d_vn_a);
+            wgmma_fence();
+            issue_rs<kChunk, kHeadDim, false>(via_k, dw_a, smem.k);
+            issue_rs<kChunk, kHeadDim, false>(via_v, d_vn_a, smem.v);
+            complete(via_k, via_v);
 #pragma unroll
             for (int n = 0; n < kChunk / 8; ++n) {
 #pragma unroll
@@ -527,8 +546,10 @@ struct LocalGrads {
         float p[kChunk / 8][4];
         {
             float kk[kChunk / 8][4];
-            product<kChunk, kHeadDim, false, false>(kk, smem.k, smem.k);
-            product<kChunk, kHeadDim, false, false>(p, smem.q, smem.k);
+            wgmma_fence();
+            issue<kChunk, kHeadDim, false, false>(kk, smem.k, smem.k, false);
+            issue<kChunk, kHeadDim, false, false>(p, smem.q, smem.k, false);
+            complete(kk, p);
             each<kChunk>(kk, [&](int i, int j, float x) {
                 const float l = i > j ? x * decay(smem, i, j) : 0.f;
                 at_f(smem.square, i, j) = l;
