@@ -197,6 +197,22 @@ def test_autograd_eager_and_compiled(layout):
         assert torch.equal(a, b), name
 
 
+def test_autograd_compiled_on_a_dense_batch_without_a_plan():
+    # torch.compile traces a call without cu_seqlens or a plan: the op plans from the shapes (its recipe an empty
+    # list, whose gradient must be an empty list too), and the backward takes the forward's KKT outputs.
+    lengths = [100, 100]
+    inputs, initial, d_out, d_final = make_case(lengths, 2, 2, 128, torch.bfloat16, True, True, True, True, "kv", 5)
+    dense = [t.view(2, 100, *t.shape[2:]) for t in (*inputs, d_out)]
+    leaves = [t.clone().requires_grad_() for t in (*dense[:5], initial)]
+    eager = torch.autograd.grad(_loss(*leaves, dense[5], d_final, None, None, "kv"), leaves)
+    compiled_loss = torch.compile(_loss, fullgraph=True)(*leaves, dense[5], d_final, None, None, "kv")
+    compiled = torch.autograd.grad(compiled_loss, leaves)
+    for name, a, b in zip(GRADIENTS, compiled, eager):
+        assert torch.equal(a, b), name
+    want = reference_grads(inputs, initial, d_out, d_final, [0, 100, 200], use_qk_l2norm=True, state_layout="kv")
+    assert_close_to_reference([a.reshape(b.shape) for a, b in zip(eager, want)], want)
+
+
 def test_the_setting_takes_autograd_through_the_kernel():
     # KGEN_GDN_BACKWARD=kernel: autograd's gradients are per_chunk="kernel"'s, bit for bit, and the default's are
     # the torch stage's (every chunk its own segment: the split's summaries and chain too).

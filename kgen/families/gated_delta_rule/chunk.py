@@ -134,6 +134,21 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         plan: from :func:`plan_chunk_gated_delta_rule` for these sequences.
         out: optional preallocated o (contiguous, v's shape and dtype).
     """
+    return forward_keeping_kkt(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                               output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout, plan=plan,
+                               out=out)[:2]
+
+
+def forward_keeping_kkt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
+                        scale: float | None = None, initial_state: torch.Tensor | None = None,
+                        output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
+                        use_qk_l2norm_in_kernel: bool = False, state_layout: str = "kv",
+                        plan: ChunkGatedDeltaRulePlan | None = None, out: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`chunk_gated_delta_rule`, also returning the KKT kernel's outputs (Tbeta and the gate cumsums, as
+    :func:`run_forward` returns them), which :func:`.backward.chunk_gated_delta_rule_bwd` takes instead of running
+    that kernel again: kgen's autograd keeps them from the forward, as FlashQLA keeps its A."""
     plan, scale = checked_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                  output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout, plan=plan)
@@ -146,11 +161,25 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         check_shape("out", out, v.shape, "[B, T, HV, V] like v")
         check_dense_rows("out", out)
     final = q.new_empty((num_seqs, heads_v, head_dim, head_dim), dtype=torch.float32) if output_final_state else None
-    if num_seqs:
-        with on_device(device):
-            run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
-                        use_qk_l2norm_in_kernel)
-    return out, final
+    if not num_seqs:
+        return out, final, kkt_outputs(plan, q, heads_v)
+    with on_device(device):
+        kkt = run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
+                          use_qk_l2norm_in_kernel)
+    return out, final, kkt
+
+
+def kkt_shapes(num_chunks: int, heads_v: int, chunk: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of the KKT kernel's outputs: Tbeta [chunks, HV, chunk, chunk] (q's dtype) and the gate cumsums
+    [chunks, HV, chunk] (fp32, log2 units), one chunk's worth with no chunks at all."""
+    chunks = max(num_chunks, 1)
+    return (chunks, heads_v, chunk, chunk), (chunks, heads_v, chunk)
+
+
+def kkt_outputs(plan: ChunkGatedDeltaRulePlan, q: torch.Tensor, heads_v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised tensors of the KKT kernel's outputs for ``plan`` (:func:`kkt_shapes`)."""
+    tbeta, gammas = kkt_shapes(len(plan.chunks), heads_v, plan.schedule.chunk)
+    return q.new_empty(tbeta), q.new_empty(gammas, dtype=torch.float32)
 
 
 def on_device(device: torch.device):
@@ -228,10 +257,11 @@ def kernels_for_plan(plan: ChunkGatedDeltaRulePlan, q: torch.Tensor, state_layou
 
 
 def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
-                use_qk_l2norm_in_kernel, states: bool = False,
-                state_residuals: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                use_qk_l2norm_in_kernel, states: bool = False, state_residuals: torch.Tensor | None = None,
+                kkt: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward's kernels on checked inputs, on q's device (the current one); returns the KKT kernel's Tbeta and
-    gate cumsums (log2 units, [chunk, HV, token]), which the backward reads again. With ``states``
+    gate cumsums (log2 units, [chunk, HV, token]), which the backward reads again, or ``kkt`` (those of an
+    earlier run of the same plan and inputs) without running the KKT kernel. With ``states``
     (the backward's recompute) ``out`` is [chunks, HV, V, K] in q's dtype and receives S^T before every chunk, and
     ``state_residuals`` (uint8 FP8 codes, the same shape; or None) what rounding it to q's dtype lost."""
     device = q.device
@@ -243,13 +273,12 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
     num_chunks = len(plan.chunks)
     if max(num_chunks, 1) * heads_v * chunk > INT32_LIMIT:
         raise ValueError(f"q: {num_chunks} chunks x {heads_v} v-heads exceed the kernels' 32-bit row indices")
-    tbeta = torch.empty((max(num_chunks, 1), heads_v, chunk, chunk), device=device, dtype=q.dtype)
-    # Each chunk's gate cumsum (log2 units), from the KKT kernel: the recurrence's gates, and their sums the
-    # summaries' decay-bounded shortcut.
-    gamma_log2 = torch.empty((max(num_chunks, 1), heads_v, chunk), device=device, dtype=torch.float32)
+    # Tbeta, and each chunk's gate cumsum (log2 units): the recurrence's gates, and their sums the summaries'
+    # decay-bounded shortcut.
+    tbeta, gamma_log2 = kkt_outputs(plan, q, heads_v) if kkt is None else kkt
     shortcut = plan.num_summaries > 0 and not plan.exact_split
     l2norm = int(use_qk_l2norm_in_kernel)
-    if num_chunks:
+    if num_chunks and kkt is None:
         per_block = kkt_chunks_per_block(num_chunks, heads, kernels.kkt_blocks_per_sm, sm_count(device))
         kernels.kkt.launch((-(-num_chunks // per_block), heads), k=k.data_ptr(), g=g.data_ptr(), beta=beta.data_ptr(),
                     beta_is_fp32=int(beta.dtype is torch.float32), chunks=chunks.data_ptr(), num_chunks=num_chunks,
