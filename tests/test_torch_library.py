@@ -68,21 +68,35 @@ def test_fake_shapes_of_every_op():
         assert_like(out, (2, 3, 8, 128), BF16), assert_like(lse, (2, 3, 8), torch.float32)
         tables = [cuda(*t.shape, dtype=torch.int32) for t in
                   (chunk_plan.chunks, chunk_plan.segments, chunk_plan.summary_segments, chunk_plan.chains)]
+        recipe = chunk_recipe.ChunkRecipe.of(chunk_plan).ints()
         for final in (True, False):
-            o, state, tbeta, gammas = torch.ops.kgen.chunk_gated_delta_rule(
+            o, state, *kept = torch.ops.kgen.chunk_gated_delta_rule(
                 cuda(1, 765, 2, 128), cuda(1, 765, 2, 128), cuda(1, 765, 4, 128), cuda(1, 765, 4, dtype=torch.float32),
-                cuda(1, 765, 4, dtype=torch.float32), None, cuda(3, dtype=torch.int32), tables, chunk_recipe.ChunkRecipe.of(chunk_plan).ints(),
-                None, final, False, "kv")
+                cuda(1, 765, 4, dtype=torch.float32), None, cuda(3, dtype=torch.int32), tables, recipe, None, final,
+                False, "kv")
             assert_like(o, (1, 765, 4, 128), BF16)
             assert_like(state, (2, 4, 128, 128) if final else (0,), torch.float32)
-            # The KKT kernel's outputs, which autograd keeps for the backward: a row a chunk (11 + 2).
-            assert len(chunk_plan.chunks) == 13
-            assert_like(tbeta, (13, 4, 64, 64), BF16), assert_like(gammas, (13, 4, 64), torch.float32)
+        # What autograd keeps for the backward (chunk.ForwardKept): Tbeta and the gate cumsums a chunk (11 + 2), the
+        # start states a summary (none: this plan does not split).
+        assert len(chunk_plan.chunks) == 13 and chunk_plan.num_summaries == 0
+        for t, shape, dtype in zip(kept, [(13, 4, 64, 64), (13, 4, 64), (0, 4, 128, 128)], [BF16, *[torch.float32] * 2]):
+            assert_like(t, shape, dtype)
+        # A split plan: sequence 0's 11 chunks in segments of 4, two summaries, a row each in the summary table.
+        split = kgen.ops.plan_chunk_gated_delta_rule([0, 700, 765], num_heads_v=4, segment_chunks=4)
+        assert split.num_summaries == 2 == len(split.summary_segments)
+        split_tables = [cuda(*t.shape, dtype=torch.int32) for t in
+                        (split.chunks, split.segments, split.summary_segments, split.chains)]
+        *_, starts = torch.ops.kgen.chunk_gated_delta_rule(
+            cuda(1, 765, 2, 128), cuda(1, 765, 2, 128), cuda(1, 765, 4, 128), cuda(1, 765, 4, dtype=torch.float32),
+            cuda(1, 765, 4, dtype=torch.float32), None, cuda(3, dtype=torch.int32), split_tables,
+            chunk_recipe.ChunkRecipe.of(split).ints(), None, False, False, "kv")
+        assert_like(starts, (2, 4, 128, 128), torch.float32)
         # Planned from the shapes (no recipe): B sequences of T tokens, ceil(T / 64) chunks each.
-        *_, tbeta, gammas = torch.ops.kgen.chunk_gated_delta_rule(
+        *_, tbeta, gammas, starts = torch.ops.kgen.chunk_gated_delta_rule(
             cuda(3, 130, 2, 64), cuda(3, 130, 2, 64), cuda(3, 130, 4, 64), cuda(3, 130, 4, dtype=torch.float32),
             cuda(3, 130, 4, dtype=torch.float32), None, None, [], [], None, False, False, "kv")
         assert_like(tbeta, (9, 4, 64, 64), BF16), assert_like(gammas, (9, 4, 64), torch.float32)
+        assert_like(starts, (0, 4, 64, 64), torch.float32)
         o = torch.ops.kgen.gated_delta_rule_step(cuda(5, 2, 128), cuda(5, 2, 128), cuda(5, 4, 128),
                                                  cuda(5, 4, dtype=torch.float32), cuda(5, 4, dtype=torch.float32),
                                                  cuda(9, 4, 128, 128, dtype=torch.float32),
@@ -200,19 +214,23 @@ def test_a_differentiable_chunk_call_is_checked_like_any_other():
         kgen.ops.chunk_gated_delta_rule_bwd(x, x, x, x[..., 0], x[..., 0], x)
 
 
-@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")  # a good Tbeta's alignment check
-def test_the_backward_refuses_kkt_outputs_that_are_not_the_forwards_by_name():
-    plan = kgen.ops.plan_chunk_gated_delta_rule([0, 130], num_heads_v=2)  # 3 chunks
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")  # good tensors' alignment checks
+def test_the_backward_refuses_kept_tensors_that_are_not_the_forwards_by_name():
+    plan = kgen.ops.plan_chunk_gated_delta_rule([0, 130], num_heads_v=2, segment_chunks=1)  # 3 chunks, 2 summaries
+    Kept = gated_delta_rule.chunk.ForwardKept
     with FakeTensorMode():
         q = cuda(1, 130, 1, 128)
-        good = (cuda(3, 2, 64, 64), cuda(3, 2, 64, dtype=torch.float32))
-        cases = [(good[0], "^forward_kkt: expected"), ((cuda(2, 2, 64, 64), good[1]), r"^forward_kkt\[0\] \(Tbeta\): "),
-                 ((cuda(3, 2, 64, 64, dtype=torch.float32), good[1]), r"^forward_kkt\[0\] \(Tbeta\): "),
-                 ((good[0], cuda(3, 2, 64)), r"^forward_kkt\[1\] \(gate cumsums\): "),
-                 ((good[0], cuda(3, 64, 2, dtype=torch.float32).transpose(1, 2)), r"^forward_kkt\[1\] \(gate cumsums\): ")]
+        good = Kept(cuda(3, 2, 64, 64), cuda(3, 2, 64, dtype=torch.float32), cuda(2, 2, 128, 128, dtype=torch.float32))
+        cases = [(tuple(good), "^forward_kept: expected a ForwardKept"),
+                 (good._replace(tbeta=cuda(2, 2, 64, 64)), r"^forward_kept\.tbeta: "),
+                 (good._replace(tbeta=cuda(3, 2, 64, 64, dtype=torch.float32)), r"^forward_kept\.tbeta: "),
+                 (good._replace(gamma_log2=cuda(3, 2, 64)), r"^forward_kept\.gamma_log2: "),
+                 (good._replace(gamma_log2=cuda(3, 64, 2, dtype=torch.float32).transpose(1, 2)), r"^forward_kept\.gamma_log2: "),
+                 (good._replace(start_states=cuda(1, 2, 128, 128, dtype=torch.float32)), r"^forward_kept\.start_states: ")]
         for kept, message in cases:
             with pytest.raises((TypeError, ValueError), match=message):
-                gated_delta_rule.backward.check_forward_kkt(kept, plan, q, 2)
+                gated_delta_rule.backward.check_forward_kept(kept, plan, q, 2)
+        gated_delta_rule.backward.check_forward_kept(good, plan, q, 2)
 
 
 def test_autograd_leaves_the_gdn_backward_path_to_the_setting():
@@ -233,28 +251,28 @@ def test_autograd_leaves_the_gdn_backward_path_to_the_setting():
 
 
 @pytest.mark.parametrize("planned", [True, False], ids=["a plan's recipe", "planned from the shapes"])
-def test_autograd_gives_the_backward_the_forwards_kkt_outputs(planned):
-    # The forward op returns the KKT kernel's Tbeta and gate cumsums; autograd keeps them (as FlashQLA keeps its A)
-    # and hands them to the backward, which then does not run that kernel again. Without a plan (torch.compile's
-    # dense call) the recipe is an empty list, whose gradient must be one too.
+def test_autograd_gives_the_backward_what_the_forward_kept(planned):
+    # The forward op returns chunk.ForwardKept's tensors; autograd keeps them (as FlashQLA keeps its A and start
+    # states) and hands them to the backward, which then does not compute them again. Without a plan
+    # (torch.compile's dense call) the recipe is an empty list, whose gradient must be one too.
     tables, recipe = ([torch.zeros(1, 2, dtype=torch.int32)] * 4, [2, 128, 64, 1, 0, 0, 64]) if planned else ([], [])
     q = torch.randn(1, 64, 2, 128, requires_grad=True)
-    kept = (torch.randn(1, 2, 64, 64), torch.randn(1, 2, 64))
     library = gated_delta_rule.library
+    kept = library.chunk.ForwardKept(torch.randn(1, 2, 64, 64), torch.randn(1, 2, 64), torch.randn(0, 2, 128, 128))
     seen = {}
 
     def backward(*args, **kwargs):
         seen.update(kwargs)
-        return tuple(torch.zeros_like(t) for t in (args[0], args[1], args[2], args[3], args[4])) + (None,)
+        return tuple(torch.zeros_like(t) for t in args[:5]) + (None,)
 
     with mock.patch.object(library, "_plan_of"), \
-         mock.patch.object(library.chunk, "forward_keeping_kkt",
-                           side_effect=lambda *a, **k: (torch.zeros(1, 64, 2, 128), None, tuple(t.clone() for t in kept))), \
+         mock.patch.object(library.chunk, "forward_keeping",
+                           side_effect=lambda *a, **k: (torch.zeros(1, 64, 2, 128), None, library.chunk.ForwardKept(
+                               *(t.clone() for t in kept)))), \
          mock.patch.object(library.backward, "chunk_gated_delta_rule_bwd", side_effect=backward):
         o, *_ = torch.ops.kgen.chunk_gated_delta_rule(q, q, q, q[..., 0], q[..., 0], None, None, tables, recipe, None,
                                                       False, False, "kv")
         o.sum().backward()
-    tbeta, gammas = seen["forward_kkt"]
-    assert torch.equal(tbeta, kept[0]) and torch.equal(gammas, kept[1])
+    assert isinstance(seen["forward_kept"], library.chunk.ForwardKept)
+    assert all(torch.equal(a, b) for a, b in zip(seen["forward_kept"], kept))
     assert q.grad is not None
-

@@ -1,8 +1,9 @@
 """The chunked gated delta rule's backward: the gradients of fla's ``chunk_gated_delta_rule``.
 
-Autograd keeps the forward's inputs and its KKT kernel's outputs (Tbeta and the gate cumsums: 16-bit
-[chunks, HV, 64, 64] and fp32 [chunks, HV, 64], as FlashQLA keeps its A and gate cumsums), so the backward does not
-run that kernel again (callers of :func:`chunk_gated_delta_rule_bwd` without ``forward_kkt`` do). The backward
+Autograd keeps the forward's inputs and :class:`.chunk.ForwardKept` (the KKT kernel's Tbeta and gate cumsums, a
+split's segment start states: as FlashQLA keeps its A, gate cumsums and start states), so that the backward runs
+neither the KKT kernel nor the split's summaries and chain again (callers of :func:`chunk_gated_delta_rule_bwd`
+without ``forward_kept`` do). The backward
 1. recomputes the state S^T before every chunk (``gated_delta_rule_chunk_states``: the forward's recurrence,
    its split and chain included, writing 16-bit states instead of o);
 2. runs the state gradient's reverse recurrence from each sequence's end (``gated_delta_rule_chunk_reverse``),
@@ -28,7 +29,8 @@ import numpy as np
 import torch
 
 from kgen import config
-from kgen.families.gated_delta_rule.chunk import checked_inputs, kernels_for_plan, kkt_shapes, on_device, run_forward
+from kgen.families.gated_delta_rule.chunk import (ForwardKept, checked_inputs, kernels_for_plan, kept_shapes, on_device,
+                                                  run_forward)
 from kgen.families.gated_delta_rule.planner import NEGLIGIBLE_LOG_DECAY
 from kgen.families.gated_delta_rule.local_grads import chunk_grads, chunk_terms
 from kgen.runtime.checks import check_dense_rows, check_shape, check_tensor
@@ -47,16 +49,16 @@ PER_CHUNK = config.GDN_BACKWARD_PATHS
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, *, scale=None, initial_state=None, d_final_state=None,
                                cu_seqlens=None, use_qk_l2norm_in_kernel=False, state_layout="kv", plan=None,
-                               per_chunk=None, forward_kkt=None):
+                               per_chunk=None, forward_kept=None):
     """The gradients (dq, dk, dv, dg, dbeta, d_initial_state) of ``sum(o * d_out) + sum(final * d_final_state)``
     through :func:`kgen.ops.chunk_gated_delta_rule` with the same arguments, for callers with their own autograd.
 
     ``d_out`` is o's gradient (v's shape and dtype); ``d_final_state`` the final state's (fp32, the state
     layout's shape) or None. dq, dk and dv come in q's dtype, dg in fp32, dbeta in beta's dtype;
     d_initial_state (fp32) is None without an initial state. ``per_chunk``: one of :data:`PER_CHUNK`, or None for
-    the ``KGEN_GDN_BACKWARD`` setting (:func:`kgen.config.gdn_backward`). ``forward_kkt``: the (Tbeta, gate
-    cumsums) that :func:`.chunk.forward_keeping_kkt` returned for these inputs and plan (kgen's autograd passes the
-    forward's), so that the backward does not run the KKT kernel again; None runs it.
+    the ``KGEN_GDN_BACKWARD`` setting (:func:`kgen.config.gdn_backward`). ``forward_kept``: the
+    :class:`.chunk.ForwardKept` that :func:`.chunk.forward_keeping` returned for these inputs and plan (kgen's
+    autograd passes the forward's), so that the backward does not compute it again; None computes it.
     """
     if per_chunk is None:
         per_chunk = config.gdn_backward()
@@ -73,23 +75,25 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, *, scale=None, initial_s
         check_tensor("d_final_state", d_final_state, ndim=4, dtypes=(torch.float32,), device=q.device)
         check_shape("d_final_state", d_final_state, state_shape, f"[N, HV, K, V] ({state_layout})")
         check_dense_rows("d_final_state", d_final_state)
-    if forward_kkt is not None:
-        check_forward_kkt(forward_kkt, plan, q, v.shape[2])
+    if forward_kept is not None:
+        check_forward_kept(forward_kept, plan, q, v.shape[2])
     if not plan.num_seqs:
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(g),
                 torch.zeros_like(beta), None if initial_state is None else torch.zeros_like(initial_state))
     with on_device(q.device):
         return _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state, cu_seqlens,
-                         use_qk_l2norm_in_kernel, state_layout, per_chunk, forward_kkt)
+                         use_qk_l2norm_in_kernel, state_layout, per_chunk, forward_kept)
 
 
-def check_forward_kkt(forward_kkt, plan, q: torch.Tensor, heads_v: int) -> None:
-    """That ``forward_kkt`` is a pair of tensors shaped as the KKT kernel's outputs for ``plan``, each checked by name."""
-    if not isinstance(forward_kkt, (tuple, list)) or len(forward_kkt) != 2:
-        raise ValueError(f"forward_kkt: expected (Tbeta, gate cumsums) or None, got {type(forward_kkt).__name__}")
-    shapes = kkt_shapes(len(plan.chunks), heads_v, plan.schedule.chunk)
-    for name, kept, shape, dtype in zip(("forward_kkt[0] (Tbeta)", "forward_kkt[1] (gate cumsums)"), forward_kkt,
-                                        shapes, (q.dtype, torch.float32)):
+def check_forward_kept(forward_kept, plan, q: torch.Tensor, heads_v: int) -> None:
+    """That ``forward_kept`` is a :class:`.chunk.ForwardKept` of tensors shaped as the forward's for ``plan``, each
+    checked by name."""
+    if not isinstance(forward_kept, ForwardKept):
+        raise TypeError(f"forward_kept: expected a ForwardKept (from chunk.forward_keeping) or None, "
+                        f"got {type(forward_kept).__name__}")
+    shapes = kept_shapes(len(plan.chunks), plan.num_summaries, heads_v, q.shape[3], plan.schedule.chunk)
+    for field, kept, shape, dtype in zip(ForwardKept._fields, forward_kept, shapes, (q.dtype, torch.float32, torch.float32)):
+        name = f"forward_kept.{field}"
         check_tensor(name, kept, ndim=len(shape), dtypes=(dtype,), device=q.device)
         check_shape(name, kept, shape, "the forward's for this plan")
         check_dense_rows(name, kept)
@@ -109,7 +113,7 @@ def l2norm_backward(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
 
 
 def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state, cu_seqlens, l2norm, state_layout,
-              per_chunk, forward_kkt):
+              per_chunk, forward_kept):
     heads, head_dim, heads_v = q.shape[2], q.shape[3], v.shape[2]
     dtype = q.dtype
     # The kernels take q and k normalised (rounded to their dtype); the per-chunk gradients the fp32 ones.
@@ -124,8 +128,8 @@ def _backward(plan, q, k, v, g, beta, d_out, scale, initial_state, d_final_state
                  for _ in range(2)]
     d_initial = None if initial_state is None else torch.empty_like(initial_state)
     kernels = kernels_for_plan(plan, q, state_layout)
-    tbeta, gamma_log2 = run_forward(plan, q_in, k_in, v, g, beta, cu_seqlens, initial_state, states, None, scale,
-                                    state_layout, False, states=True, state_residuals=residuals[0], kkt=forward_kkt)
+    tbeta, gamma_log2, _ = run_forward(plan, q_in, k_in, v, g, beta, cu_seqlens, initial_state, states, None, scale,
+                                       state_layout, False, states=True, state_residuals=residuals[0], kept=forward_kept)
     chunks, segments, _, chains = plan.tables.on(q.device)
     reverse = {"q": q_in.data_ptr(), "k": k_in.data_ptr(), "g": g.data_ptr(), "tbeta": tbeta.data_ptr(),
                "d_out": d_out.data_ptr(), "d_final_state": 0 if d_final_state is None else d_final_state.data_ptr(),
