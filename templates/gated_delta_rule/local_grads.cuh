@@ -65,7 +65,7 @@ struct LocalGrads {
     struct GroupSums {
         float d_gamma[kChunk], d_beta[kChunk];
         float columns[kChunk];            // column sums of the exponent matrices (dP * P, dA * A), subtracted
-        float via_kd[kChunk], via_kb[kChunk];  // Kd . dKd and e^G k . dKb, row by row
+        float via_kd[kChunk], via_kb[kChunk];  // Kd . dKd and k . dKb (e^G k . dKb once finish scales it), row by row
         float column_part[4][kChunk];     // a column's sum from each warp
     };
 
@@ -239,6 +239,32 @@ struct LocalGrads {
         for (int n = 0; n < kN / 8; ++n) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) part[e / 2] += value(row_of(e), column_of(n, e), acc[n][e]);
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            part[half] += __shfl_xor_sync(0xffffffffu, part[half], 1);
+            part[half] += __shfl_xor_sync(0xffffffffu, part[half], 2);
+            if (threadIdx.x % 4 == 0) sums[row_of(2 * half)] += part[half];
+        }
+    }
+
+    // Elements (row, col) and (row, col + 1) of a 16-bit tile of 64 rows (col even: one 32-bit word), as floats.
+    __device__ static __forceinline__ float2 pair_at(const T* tile, int row, int col) {
+        return unpack2<T>(*reinterpret_cast<const unsigned*>(tile + at<kChunk>(row, col)));
+    }
+
+    // Adds, per row, the dot product of the row's accumulators with the same row of a 16-bit tile (read a word, two
+    // columns, at a time) into sums[row], as add_row_sums does.
+    template <int kN>
+    __device__ static __forceinline__ void add_row_dots(float* sums, const float (&acc)[kN / 8][4], const T* tile) {
+        float part[2] = {0.f, 0.f};
+#pragma unroll
+        for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const float2 pair = pair_at(tile, row_of(2 * half), column_of(n, 0));
+                part[half] = fmaf(pair.x, acc[n][2 * half], fmaf(pair.y, acc[n][2 * half + 1], part[half]));
+            }
         }
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -497,7 +523,7 @@ struct LocalGrads {
         float dq[kHeadDim / 8][4];
         product<kHeadDim, kHeadDim, false, true>(dq, smem.d_out, smem.state);
         each<kHeadDim>(dq, [&](int i, int, float x) { return c.scale * __expf(smem.gamma[i]) * x; });
-        add_row_sums<kHeadDim>(sums.d_gamma, dq, [&](int i, int col, float x) { return to_f32<T>(smem.q[at<kChunk>(i, col)]) * x; });
+        add_row_dots<kHeadDim>(sums.d_gamma, dq, smem.q);
         add_state_products(smem, a, c, kChain);
         named_barrier_arrive(kEarlyFree, kThreads);
         // X = T^T dt; dA = -StrictLower(X T^T), X from registers.
@@ -574,7 +600,17 @@ struct LocalGrads {
         {
             float z[kHeadDim / 8][4];
             product<kHeadDim, kHeadDim, false, false>(z, smem.k, smem.state);
-            each<kHeadDim>(z, [&](int i, int col, float x) { return to_f32<T>(smem.v[at<kChunk>(i, col)]) - __expf(smem.gamma[i]) * x; });
+#pragma unroll
+            for (int n = 0; n < kHeadDim / 8; ++n) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int i = row_of(2 * half);
+                    const float2 v = pair_at(smem.v, i, column_of(n, 0));
+                    const float decay_in = __expf(smem.gamma[i]);
+                    z[n][2 * half] = v.x - decay_in * z[n][2 * half];
+                    z[n][2 * half + 1] = v.y - decay_in * z[n][2 * half + 1];
+                }
+            }
             store<kHeadDim>(smem.z_vn, z);
             group_sync(kSide);  // Z complete, and T for this warpgroup's products
             product<kHeadDim, kChunk, false, true>(z, smem.tbeta, smem.z_vn);
@@ -605,7 +641,7 @@ struct LocalGrads {
         product<kHeadDim, kHeadDim, false, true>(dk, smem.z_vn, smem.d_state);
         each<kHeadDim>(dk, [&](int i, int, float x) { return __expf(c.gamma_last - smem.gamma[i]) * x; });
         // Kd . dKd, row by row: the exponents of Kd = diag(e^{G_L - G}) K.
-        add_row_sums<kHeadDim>(sums.via_kd, dk, [&](int i, int col, float x) { return to_f32<T>(smem.k[at<kChunk>(i, col)]) * x; });
+        add_row_dots<kHeadDim>(sums.via_kd, dk, smem.k);
         product<kHeadDim, kChunk, true, true, true>(dk, smem.tbeta, smem.q);
         add_state_products(smem, a, c, kSide);
         // dVb = T^T dVn: dv = diag(beta) dVb; v . dVb is beta's share.
@@ -613,7 +649,7 @@ struct LocalGrads {
         {
             float d_vb[kHeadDim / 8][4];
             product<kHeadDim, kChunk, true, true>(d_vb, smem.t, smem.d_vn);
-            add_row_sums<kHeadDim>(sums.d_beta, d_vb, [&](int i, int col, float x) { return to_f32<T>(smem.v[at<kChunk>(i, col)]) * x; });
+            add_row_dots<kHeadDim>(sums.d_beta, d_vb, smem.v);
             const long long v_stride = a.num_heads_v * kHeadDim;
             T* const out = a.dv + out_offset(a, c.unit.chunk, a.num_heads_v, c.unit.head_v);
 #pragma unroll
@@ -638,9 +674,7 @@ struct LocalGrads {
         {
             float d_kb[kHeadDim / 8][4];
             product<kHeadDim, kChunk, true, true>(d_kb, smem.t, smem.dw);
-            add_row_sums<kHeadDim>(sums.via_kb, d_kb, [&](int i, int col, float x) {
-                return __expf(smem.gamma[i]) * to_f32<T>(smem.k[at<kChunk>(i, col)]) * x;
-            });
+            add_row_dots<kHeadDim>(sums.via_kb, d_kb, smem.k);  // times e^G in finish
 #pragma unroll
             for (int n = 0; n < kHeadDim / 8; ++n) {
 #pragma unroll
@@ -719,11 +753,13 @@ struct LocalGrads {
         for (int h = 0; h < 2; ++h) {
             const int i = 2 * lane + h;
             d_gamma[h] = d_beta[h] = 0.f;
+            const float decay_in = __expf(smem.gamma[i]);
 #pragma unroll
             for (int group = 0; group < 2; ++group) {
                 const GroupSums& sums = smem.sums[group];
-                d_gamma[h] += sums.d_gamma[i] - sums.columns[i] - sums.via_kd[i] + smem.beta[i] * sums.via_kb[i];
-                d_beta[h] += sums.d_beta[i] + sums.via_kb[i];
+                const float via_kb = decay_in * sums.via_kb[i];
+                d_gamma[h] += sums.d_gamma[i] - sums.columns[i] - sums.via_kd[i] + smem.beta[i] * via_kb;
+                d_beta[h] += sums.d_beta[i] + via_kb;
                 via += sums.via_kd[i];
             }
         }
