@@ -19,7 +19,7 @@ from test_gdn_backward_algebra import GRADIENTS, autograd_grads  # noqa: E402
 from test_gdn_chunk_gpu import DTYPES, head_dims, make_inputs  # noqa: E402
 import kgen.compat.fla as fla  # noqa: E402
 from kgen import config  # noqa: E402
-from kgen.families.gated_delta_rule import backward  # noqa: E402
+from kgen.families.gated_delta_rule import backward, chunk as chunk_module  # noqa: E402
 from kgen.families.gated_delta_rule.backward import PER_CHUNK  # noqa: E402
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, plan_chunk_gated_delta_rule  # noqa: E402
 
@@ -197,6 +197,30 @@ def test_autograd_eager_and_compiled(layout):
         assert torch.equal(a, b), name
 
 
+def test_the_backward_given_what_the_forward_kept_gives_the_same_gradients():
+    # Without the in-kernel l2norm the forward's Tbeta, gate cumsums and start states are what the backward's
+    # recompute would make (the same kernels on the same inputs): given them it skips the KKT kernel, the summaries
+    # and the chain, and its gradients are bitwise the same.
+    lengths = [700, 65]
+    cu_host = [0, 700, 765]
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    plan = plan_chunk_gated_delta_rule(cu_host, num_heads_v=4, head_dim=128, segment_chunks=4, device="cuda")
+    assert plan.num_summaries == 2
+    inputs, initial, d_out, d_final = make_case(lengths, 2, 2, 128, torch.bfloat16, False, True, True, True, "kv", 11)
+    _, _, kept = chunk_module.forward_keeping(*inputs, initial_state=initial, output_final_state=True, cu_seqlens=cu,
+                                              plan=plan)
+    options = dict(initial_state=initial, d_final_state=d_final, cu_seqlens=cu, plan=plan)
+    given = chunk_gated_delta_rule_bwd(*inputs, d_out, forward_kept=kept, **options)
+    recomputed = chunk_gated_delta_rule_bwd(*inputs, d_out, **options)
+    for name, a, b in zip(GRADIENTS, given, recomputed):
+        assert torch.equal(a, b), name
+    # And it does take them: NaN in any kept tensor reaches the gradients.
+    for field in kept._fields:
+        poisoned = kept._replace(**{field: torch.full_like(getattr(kept, field), float("nan"))})
+        got = chunk_gated_delta_rule_bwd(*inputs, d_out, forward_kept=poisoned, **options)
+        assert got[1].isnan().any(), field
+
+
 def test_autograd_compiled_on_a_dense_batch_without_a_plan():
     # torch.compile traces a call without cu_seqlens or a plan: the op plans from the shapes (its recipe an empty
     # list, whose gradient must be an empty list too), and the backward takes the forward's KKT outputs.
@@ -220,12 +244,15 @@ def test_the_setting_takes_autograd_through_the_kernel():
     inputs, initial, d_out, d_final = make_case(lengths, 2, 2, 128, torch.bfloat16, True, True, True, True, "kv", 5)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     plan = plan_chunk_gated_delta_rule(cu.tolist(), num_heads_v=4, head_dim=128, segment_chunks=1, device="cuda")
-    options = dict(initial_state=initial, d_final_state=d_final, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, plan=plan)
+    options = dict(initial_state=initial, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, plan=plan)
+    # Autograd's backward takes what the forward kept (with the in-kernel l2norm not bitwise what it would make).
+    kept = chunk_module.forward_keeping(*inputs, output_final_state=True, **options)[2]
     for setting in PER_CHUNK:
         leaves = [t.clone().requires_grad_() for t in (*inputs, initial)]
         with config.overrides(KGEN_GDN_BACKWARD=None if setting == PER_CHUNK[0] else setting):
             got = torch.autograd.grad(_loss(*leaves, d_out, d_final, cu, plan, "kv"), leaves)
-        want = chunk_gated_delta_rule_bwd(*inputs, d_out, per_chunk=setting, **options)
+        want = chunk_gated_delta_rule_bwd(*inputs, d_out, d_final_state=d_final, per_chunk=setting, forward_kept=kept,
+                                          **options)
         for name, a, b in zip(GRADIENTS, got, want):
             assert torch.equal(a, b), (setting, name)
 

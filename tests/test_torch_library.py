@@ -91,12 +91,14 @@ def test_fake_shapes_of_every_op():
             cuda(1, 765, 4, dtype=torch.float32), None, cuda(3, dtype=torch.int32), split_tables,
             chunk_recipe.ChunkRecipe.of(split).ints(), None, False, False, "kv")
         assert_like(starts, (2, 4, 128, 128), torch.float32)
-        # Planned from the shapes (no recipe): B sequences of T tokens, ceil(T / 64) chunks each.
+        # Planned from the shapes (no recipe): B sequences of T tokens, ceil(T / 64) chunks each, and no start
+        # states kept, whatever the split (the shapes may be symbolic).
         *_, tbeta, gammas, starts = torch.ops.kgen.chunk_gated_delta_rule(
             cuda(3, 130, 2, 64), cuda(3, 130, 2, 64), cuda(3, 130, 4, 64), cuda(3, 130, 4, dtype=torch.float32),
             cuda(3, 130, 4, dtype=torch.float32), None, None, [], [], None, False, False, "kv")
         assert_like(tbeta, (9, 4, 64, 64), BF16), assert_like(gammas, (9, 4, 64), torch.float32)
         assert_like(starts, (0, 4, 64, 64), torch.float32)
+
         o = torch.ops.kgen.gated_delta_rule_step(cuda(5, 2, 128), cuda(5, 2, 128), cuda(5, 4, 128),
                                                  cuda(5, 4, dtype=torch.float32), cuda(5, 4, dtype=torch.float32),
                                                  cuda(9, 4, 128, 128, dtype=torch.float32),
@@ -110,6 +112,26 @@ def test_fake_shapes_of_every_op():
                                            cuda(10, 24)) is None
         assert torch.ops.kgen.grouped_gemm_swiglu(cuda(3, 5, 16), cuda(3, 48, 16), cuda(3, dtype=torch.int32), True,
                                                   cuda(3, 5, 24)) is None
+
+
+def test_the_chunk_ops_fake_traces_symbolic_shapes():
+    # torch.compile marks a dense call's B and T dynamic when they change between calls: the fake must size its
+    # outputs (what autograd keeps included) from symbolic shapes, without planning.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def call(q, k, v, g, beta):
+        return torch.ops.kgen.chunk_gated_delta_rule(q, k, v, g, beta, None, None, [], [], None, True, False, "kv")
+
+    def meta(*shape, dtype=BF16):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    graph = make_fx(call, tracing_mode="symbolic")(meta(3, 100, 1, 128), meta(3, 100, 1, 128), meta(3, 100, 2, 128),
+                                                   meta(3, 100, 2, dtype=torch.float32), meta(3, 100, 2, dtype=torch.float32))
+    outputs = next(n for n in graph.graph.nodes if n.op == "output").args[0]
+    shapes = [tuple(str(size) for size in node.meta["val"].shape) for node in outputs]
+    batch, tokens = shapes[0][:2]
+    assert not batch.isdigit() and not tokens.isdigit(), "the trace did not make B and T symbolic"
+    assert shapes[2][2:] == ("64", "64") and shapes[4][0] == "0" and shapes[4][2:] == ("128", "128")
 
 
 def test_public_functions_call_the_ops_while_compiling():
@@ -222,6 +244,7 @@ def test_the_backward_refuses_kept_tensors_that_are_not_the_forwards_by_name():
         q = cuda(1, 130, 1, 128)
         good = Kept(cuda(3, 2, 64, 64), cuda(3, 2, 64, dtype=torch.float32), cuda(2, 2, 128, 128, dtype=torch.float32))
         cases = [(tuple(good), "^forward_kept: expected a ForwardKept"),
+                 (good._replace(start_states=cuda(1, 2, 64, 128, dtype=torch.float32)), r"^forward_kept\.start_states: "),
                  (good._replace(tbeta=cuda(2, 2, 64, 64)), r"^forward_kept\.tbeta: "),
                  (good._replace(tbeta=cuda(3, 2, 64, 64, dtype=torch.float32)), r"^forward_kept\.tbeta: "),
                  (good._replace(gamma_log2=cuda(3, 2, 64)), r"^forward_kept\.gamma_log2: "),
@@ -231,6 +254,9 @@ def test_the_backward_refuses_kept_tensors_that_are_not_the_forwards_by_name():
             with pytest.raises((TypeError, ValueError), match=message):
                 gated_delta_rule.backward.check_forward_kept(kept, plan, q, 2)
         gated_delta_rule.backward.check_forward_kept(good, plan, q, 2)
+        # No start states kept (a call planned from the shapes): the backward runs the summaries again.
+        gated_delta_rule.backward.check_forward_kept(good._replace(start_states=cuda(0, 2, 128, 128, dtype=torch.float32)),
+                                                     plan, q, 2)
 
 
 def test_autograd_leaves_the_gdn_backward_path_to_the_setting():

@@ -172,7 +172,8 @@ class ForwardKept(NamedTuple):
     """What kgen's autograd keeps from the forward besides its inputs, so that the backward's recompute runs neither
     the KKT kernel nor a split's summaries and chain (FlashQLA keeps its A, gate cumsums and split start states):
     the KKT kernel's Tbeta (q's dtype, [chunks, HV, chunk, chunk]) and gate cumsums (fp32, log2 units,
-    [chunks, HV, chunk]), and the chain's segment start states (fp32 [summaries, HV, K, K]; none without a split)."""
+    [chunks, HV, chunk]), and the chain's segment start states (fp32 [summaries, HV, K, K]), or none
+    ([0, HV, K, K]: none without a split, and none kept, the backward then running the summaries and chain again)."""
 
     tbeta: torch.Tensor
     gamma_log2: torch.Tensor
@@ -289,6 +290,9 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
     # Tbeta, and each chunk's gate cumsum (log2 units): the recurrence's gates, and their sums the summaries'
     # decay-bounded shortcut; the segments' start states.
     tbeta, gamma_log2, starts = kept_outputs(plan, q, heads_v) if kept is None else kept
+    chain_again = plan.num_summaries > 0 and (kept is None or starts.shape[0] == 0)
+    if chain_again and starts.shape[0] == 0:
+        starts = q.new_empty((plan.num_summaries, heads_v, head_dim, head_dim), dtype=torch.float32)
     shortcut = plan.num_summaries > 0 and not plan.exact_split
     l2norm = int(use_qk_l2norm_in_kernel)
     if num_chunks and kept is None:
@@ -306,7 +310,7 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
     maps = _descriptors.get((device.index, q.dtype, chunk) + tuple((tuple(t.shape), tuple(t.stride())) for t in tiled),
                             kernels.new_maps)
     summaries = negligible = None
-    if plan.num_summaries and kept is None:
+    if chain_again:
         summaries = torch.empty((plan.num_summaries, heads_v, head_dim, 2 * head_dim), device=device, dtype=torch.float32)
         negligible = torch.empty((plan.num_summaries, heads_v), device=device, dtype=torch.int32)
     forward = {

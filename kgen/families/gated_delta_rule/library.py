@@ -13,7 +13,7 @@ from torch import Tensor
 from torch.library import custom_op
 
 from kgen.families.gated_delta_rule import backward, chunk, step
-from kgen.families.gated_delta_rule.planner import chunk_tokens, fixed_length_plan, host_fixed_length_plan
+from kgen.families.gated_delta_rule.planner import chunk_tokens, fixed_length_plan
 from kgen.families.gated_delta_rule.recipe import ChunkRecipe, plan_from_recipe
 from kgen.runtime.compiled import into, needs_plan, placed
 from kgen.runtime.dispatch import kept_allocations
@@ -31,6 +31,8 @@ def _chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
                                            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout,
                                            plan=plan)
+    if not recipe:  # planned from the shapes: the fake cannot know the split (B and T may be symbolic), so none kept
+        kept = kept._replace(start_states=kept.start_states.new_empty((0, *kept.start_states.shape[1:])))
     return o, final if final is not None else v.new_empty((0,), dtype=torch.float32), *kept
 
 
@@ -40,14 +42,14 @@ def _(q, k, v, g, beta, initial_state, cu_seqlens, tables, recipe, scale, output
     sequences = ChunkRecipe.from_ints(recipe).num_seqs if recipe else q.shape[0]
     head_dim, heads_v = q.shape[3], v.shape[2]
     final = (sequences, heads_v, head_dim, head_dim) if output_final_state else (0,)
-    # The plan's chunks and summaries: the rows of its chunk and summary-segment tables, or, for a call planned from
-    # the shapes, those of the same plan made on the host.
-    if tables:
+    # The plan's chunks and summaries: the rows of its chunk and summary-segment tables; planned from the shapes
+    # (which may be symbolic), B sequences of ceil(T / chunk) chunks, and no start states kept.
+    tokens = chunk_tokens(head_dim)
+    if recipe:
         chunks, summaries = tables[0].shape[0], tables[2].shape[0]
     else:
-        plan = host_fixed_length_plan(q.shape[0], q.shape[1], heads_v, head_dim)
-        chunks, summaries = len(plan.chunks), plan.num_summaries
-    shapes = chunk.kept_shapes(chunks, summaries, heads_v, head_dim, chunk_tokens(head_dim))
+        chunks, summaries = q.shape[0] * -(-q.shape[1] // tokens), 0
+    shapes = chunk.kept_shapes(chunks, summaries, heads_v, head_dim, tokens)
     return (torch.empty_like(v, memory_format=torch.contiguous_format), v.new_empty(final, dtype=torch.float32),
             q.new_empty(shapes[0]), *(q.new_empty(shape, dtype=torch.float32) for shape in shapes[1:]))
 
@@ -93,12 +95,16 @@ def _save_inputs(ctx, inputs, output):
     # The inputs, and chunk.ForwardKept's tensors, which the backward then does not compute again.
     ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, *kept, *tables)
     ctx.mark_non_differentiable(*kept)
+    # Eager autograd would otherwise hand the backward zero tensors of the kept outputs' sizes (a Tbeta's worth).
+    ctx.set_materialize_grads(False)
     ctx.options = (recipe, scale, l2norm, state_layout)
 
 
 def _chunk_backward(ctx, d_out, d_final, *_kept_grads):
     q, k, v, g, beta, initial_state, cu_seqlens, tbeta, gamma_log2, start_states, *tables = ctx.saved_tensors
     recipe, scale, l2norm, state_layout = ctx.options
+    if d_out is None:  # o unused (only the final state's gradient)
+        d_out = torch.zeros_like(v)
     dq, dk, dv, dg, dbeta, d_initial = torch.ops.kgen.chunk_gated_delta_rule_bwd(
         q, k, v, g, beta, d_out, initial_state, d_final if d_final is not None and d_final.numel() else None,
         cu_seqlens, tables, recipe, scale, l2norm, state_layout, tbeta, gamma_log2, start_states)

@@ -248,12 +248,7 @@ def fixed_length_plan(batch: int, tokens: int, heads_v: int, head_dim: int, devi
     key = (batch, tokens, heads_v, head_dim, device.index)
     found = _fixed_plans.get(key)
     if found is None:
-        found = host_fixed_length_plan(batch, tokens, heads_v, head_dim)
-        found.tables.on(device)
-        _fixed_plans.put(key, found)
+        found = _fixed_plans.put(key, plan_chunk_gated_delta_rule([tokens * b for b in range(batch + 1)],
+                                                                  num_heads_v=heads_v, head_dim=head_dim,
+                                                                  device=device))
     return found
-
-
-def host_fixed_length_plan(batch: int, tokens: int, heads_v: int, head_dim: int) -> ChunkGatedDeltaRulePlan:
-    """:func:`fixed_length_plan`'s plan, its tables on no device (what an op's fake needs of it: its sizes)."""
-    return plan_chunk_gated_delta_rule([tokens * b for b in range(batch + 1)], num_heads_v=heads_v, head_dim=head_dim)
