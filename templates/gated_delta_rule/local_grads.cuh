@@ -363,8 +363,8 @@ struct LocalGrads {
                      kChunk, kChunk, loader, loaders);
     }
 
-    // The unit's two rounding-loss slices (add_state_products reads them on the chain warpgroup's path) into L2,
-    // by one thread, a unit ahead.
+    // The unit's two rounding-loss slices (add_state_products reads them, each warpgroup half of each, on its
+    // chain of products) into L2, by one thread, a unit ahead.
     template <class Args>
     __device__ static __forceinline__ void prefetch_residuals(const Args& a, const Unit& u) {
         const long long offset = (static_cast<long long>(u.chunk) * a.num_heads_v + u.head_v) * kHeadDim * kHeadDim;
