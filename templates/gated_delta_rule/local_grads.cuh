@@ -50,8 +50,8 @@ struct LocalGrads {
     // by one warpgroup arriving and the other waiting.
     enum Barrier : int {
         kChainGroup = 1, kSideGroup = 2,
-        kPReady,     // side -> chain: P (16-bit) and L (fp32)
-        kTReady,     // side -> chain: T
+        kPReady,     // side -> chain: P (16-bit)
+        kTReady,     // side -> chain: T, and L (fp32)
         kDqkReady,   // side -> chain: dqk
         kDvnReady,   // chain -> side: dVn
         kDwReady,    // chain -> side: dw
@@ -567,25 +567,23 @@ struct LocalGrads {
                                                 const Unit& next, bool new_item) {
         GroupSums& sums = smem.sums[kSide];
         const int loader = threadIdx.x - kGroupThreads;
-        // K K^T and Q K^T: L = StrictLower(K K^T * D) (fp32 for the chain, 16-bit for T), P = Q K^T * D (16-bit
-        // for the chain's P^T dO, fp32 kept here for dP * P).
+        // P = Q K^T * D first (16-bit for the chain's P^T dO, its second product; fp32 kept here for dP * P), then
+        // L = StrictLower(K K^T * D) (fp32 for the chain's dA terms, handed over with T; 16-bit for T).
         float p[kChunk / 8][4];
+        product<kChunk, kHeadDim, false, false>(p, smem.q, smem.k);
+        each<kChunk>(p, [&](int i, int j, float x) { return x * decay(smem, i, j); });
+        store<kChunk>(smem.p, p);
+        hand_over(kPReady);
         {
             float kk[kChunk / 8][4];
-            wgmma_fence();
-            issue<kChunk, kHeadDim, false, false>(kk, smem.k, smem.k, false);
-            issue<kChunk, kHeadDim, false, false>(p, smem.q, smem.k, false);
-            complete(kk, p);
+            product<kChunk, kHeadDim, false, false>(kk, smem.k, smem.k);
             each<kChunk>(kk, [&](int i, int j, float x) {
                 const float l = i > j ? x * decay(smem, i, j) : 0.f;
                 at_f(smem.square, i, j) = l;
                 return l;
             });
-            each<kChunk>(p, [&](int i, int j, float x) { return x * decay(smem, i, j); });
             store<kChunk>(smem.t, kk);
-            store<kChunk>(smem.p, p);
         }
-        hand_over(kPReady);
         group_sync(kSide);  // L's 16-bit copy complete
         // T = I - Tbeta L, into L's tile.
         {
