@@ -91,12 +91,6 @@ __device__ __forceinline__ void tma_load_3d(unsigned smem, const TmaDescriptor* 
         : "memory");
 }
 
-// Starts bringing `bytes` (a multiple of 16) of global memory from a 16-byte aligned address into L2, without
-// waiting or writing anywhere else: a later load of them then waits for L2 rather than DRAM.
-__device__ __forceinline__ void prefetch_l2(const void* src, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" :: "l"(src), "r"(bytes) : "memory");
-}
-
 // L2 policies for TMA loads: data read again soon by other CTAs (K and V of a head) stays;
 // data read once (a query tile) goes first.
 __device__ __forceinline__ unsigned long long l2_evict_last() {

@@ -79,13 +79,11 @@ def _reverse_dynamic_smem_bytes(chunk: int, head_dim: int, slice_v: int, itemsiz
 
 
 def _grads_dynamic_smem_bytes(chunk: int, head_dim: int, itemsize: int) -> int:
-    """local_grads.cuh's Shared: Q, K, V, dO and three scratch tiles (chunk x head_dim: Z then Vn, dVn, dw), S^T
-    and dS'^T (head_dim x head_dim), Tbeta, T and P (chunk x chunk), unpadded (swizzled); an fp32 chunk x chunk
-    scratch tile, rows of chunk + 4; the gates, and per warpgroup five per-row float vectors and four warps'
-    column sums; a float per warp; a swizzle repeat of alignment slack."""
-    tiles = (7 * chunk * head_dim + 2 * head_dim * head_dim + 3 * chunk * chunk) * itemsize
-    vectors = 2 * chunk + 2 * (5 + 4) * chunk + GDN_GRADS_THREADS // 32
-    return tiles + chunk * (chunk + 4) * 4 + vectors * 4 + SWIZZLE_ALIGNMENT
+    """local_grads.cuh's Shared: Q, K, V, dO and two wide scratch tiles (chunk x head_dim), S^T and dS'^T (head_dim
+    x head_dim), Tbeta, T and X (chunk x chunk), unpadded (swizzled); two fp32 chunk x chunk scratch tiles, rows of
+    chunk + 4; eight per-row float vectors and a float per warp; a swizzle repeat of alignment slack."""
+    tiles = (6 * chunk * head_dim + 2 * head_dim * head_dim + 3 * chunk * chunk) * itemsize
+    return tiles + 2 * chunk * (chunk + 4) * 4 + (8 * chunk + GDN_GRADS_THREADS // 32) * 4 + SWIZZLE_ALIGNMENT
 
 
 def _gated_delta_rule_chunk(params: Mapping[str, Any]) -> LaunchContract:
