@@ -433,8 +433,8 @@ struct Recurrence {
             const float2 gamma = gamma_next;  // log2 units
             if (kStates) {  // S^T before this chunk, 16-bit, as the backward reads it, and what that rounding lost
                 const long long at = (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim;
-                store_rows<T, kHeadDim>(out + at, s, value0 + row, fragment_column);
-                if (state_residuals != nullptr) store_residual_rows<T, kHeadDim>(state_residuals + at, s, value0 + row, fragment_column);
+                store_rows<T, kHeadDim>(out + at, s, value0 + row, lane);
+                if (state_residuals != nullptr) store_residual_rows<T, kHeadDim>(state_residuals + at, s, value0 + row, lane);
             }
             wait_chunk(c, false);
             if (!is_full(c)) kgen::fence_proxy_async_shared();  // cp.async tiles are read by wgmma

@@ -180,8 +180,8 @@ struct Reverse {
             }
             if constexpr (!kSummary) {  // dS'^T of this chunk, 16-bit, for the per-chunk gradients, and what that lost
                 const long long at = (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim;
-                store_rows<T, kHeadDim>(d_states + at, ds, value0 + row, fragment_column);
-                if (d_state_residuals != nullptr) store_residual_rows<T, kHeadDim>(d_state_residuals + at, ds, value0 + row, fragment_column);
+                store_rows<T, kHeadDim>(d_states + at, ds, value0 + row, lane);
+                if (d_state_residuals != nullptr) store_residual_rows<T, kHeadDim>(d_state_residuals + at, ds, value0 + row, lane);
             }
             const float2 gamma = chunk_cumsum(gate[0], gate[1], lane);
             if (c > 0) gates_of(c - 1, gate);
