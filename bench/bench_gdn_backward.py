@@ -31,6 +31,7 @@ import torch
 from common import (add_peer_rows, default_out_dir, environment, gdn_peer, standalone_parser, summary_row,
                     time_cuda, verdict, write_results)
 from bench_gdn_chunk import flashqla_gates
+from kgen.families.gated_delta_rule.chunk import forward_keeping
 from kgen.ops import chunk_gated_delta_rule, chunk_gated_delta_rule_bwd, plan_chunk_gated_delta_rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -121,9 +122,10 @@ def kgen_row(shape) -> tuple[dict[str, Any], list[torch.Tensor]]:
         return chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_device, plan=plan)[0]
     row, grads = measured("kgen", forward, tensors)
 
-    def kernel_step():  # the forward, then the backward with its per-chunk gradients by the kernel
-        chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_device, plan=plan)
-        return chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, cu_seqlens=cu_device, plan=plan, per_chunk="kernel")
+    def kernel_step():  # the forward, then the backward with its per-chunk gradients by the kernel, as autograd's
+        kept = forward_keeping(q, k, v, g, beta, cu_seqlens=cu_device, plan=plan)[2]
+        return chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, cu_seqlens=cu_device, plan=plan, per_chunk="kernel",
+                                          forward_kept=kept)
     with torch.no_grad():
         row["kgen_kernel_step_ms"] = _step_ms(kernel_step)
         row["kgen_kernel_grad_rms"] = _largest_rel_rms(list(kernel_step()[:5]), grads)

@@ -3,7 +3,8 @@
 bench_gdn.png: the gated delta rule (the chunked forward's kgen/FlashQLA and kgen/fla ratios per issue
 shape and gate regime, the boundary sweep's kgen, FlashQLA and fla times over L, the decode step against
 a device copy and fla),
-from bench_gdn_chunk.json, bench_gdn_sweep.json and bench_gdn_step.json. bench_attention_decode.png:
+from bench_gdn_chunk.json, bench_gdn_sweep.json and bench_gdn_step.json. bench_gdn_backward.png: the training
+step's kgen/FlashQLA time per shape and gate regime, from bench_gdn_backward.json. bench_attention_decode.png:
 decode attention's TB/s per shape for kgen (contiguous, paged 16 and 64), cuDNN, flash and a device
 copy, from bench_attention_decode.json. bench_grouped_gemm.png: the MoE grouped GEMM per prefill shape (kgen's bf16
 TFLOP/s against torch's grouped GEMM and a dense cuBLAS GEMM of the same FLOPs, kgen's FP8 against torch's scaled
@@ -91,7 +92,10 @@ def decode_panel(ax, decode: list[dict]) -> None:
 
 
 def case_label(row: dict) -> str:
-    """A grouped GEMM row's model, projection, tokens and routing (or decode tokens), short enough for a tick."""
+    """A grouped GEMM row's model, projection, tokens and routing (or decode tokens), or a GDN training step's shape
+    and gates, short enough for a tick."""
+    if "case" not in row:
+        return row["shape"]
     return row["case"].replace(" tokens", "").replace(" decode", "").replace(" (masked)", "")
 
 
@@ -143,10 +147,18 @@ def grouped_decode_panel(ax, decode: list[dict]) -> None:
     ax.set_title("decode, masked (tokens): time / selected weights at copy bandwidth")
 
 
+def gdn_backward_panel(ax, steps: list[dict]) -> None:
+    ratio_bars(ax, steps, "kgen_over_flashqla", 1.0, "bar 1.0 (issue 24)")
+    ax.axhline(0.85, color="green", linewidth=1, linestyle="--", label="goal 0.85")
+    ax.set_title("GDN training step (fwd + bwd): kgen / FlashQLA time")
+    ax.legend(fontsize=8, loc="upper left", ncols=3)
+
+
 # A figure's panels: (panel, results file, the key a row needs to be drawn in it, None for every row).
 FIGURES = {
     "bench_gdn": [(chunk_panel, "bench_gdn_chunk", None), (sweep_panel, "bench_gdn_sweep", None),
                   (step_panel, "bench_gdn_step", None)],
+    "bench_gdn_backward": [(gdn_backward_panel, "bench_gdn_backward", "kgen_over_flashqla")],
     "bench_attention_decode": [(decode_panel, "bench_attention_decode", None)],
     "bench_grouped_gemm": [(grouped_bf16_panel, "bench_grouped_gemm", "kgen_tflops"),
                            (grouped_fp8_panel, "bench_grouped_gemm", "fp8_tflops"),

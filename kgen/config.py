@@ -144,13 +144,13 @@ def always_compile() -> bool:
 
 #: Where the gated delta rule's backward takes its per-chunk gradients (kgen.families.gated_delta_rule.backward),
 #: the default first.
-GDN_BACKWARD_PATHS = ("torch", "kernel")
+GDN_BACKWARD_PATHS = ("kernel", "torch")
 
 
 def gdn_backward() -> str:
     """``KGEN_GDN_BACKWARD``: where the gated delta rule's backward (and so its autograd) takes the per-chunk
-    gradients: ``torch`` (the default) or ``kernel``, about 6x faster at 1 x 32k but not yet the default: its dg
-    missed the 1e-2 bar on one adversarial test case, where fla's missed it by more (bench/NOTES.md)."""
+    gradients: ``kernel`` (the default, gated_delta_rule_chunk_grads) or ``torch`` (batched torch products, about
+    6x slower at 1 x 32k; bench/NOTES.md)."""
     value = _get("KGEN_GDN_BACKWARD") or GDN_BACKWARD_PATHS[0]
     if value not in GDN_BACKWARD_PATHS:
         raise SettingError(f"KGEN_GDN_BACKWARD: {value!r} is none of {', '.join(GDN_BACKWARD_PATHS)}")

@@ -68,13 +68,37 @@ def test_fake_shapes_of_every_op():
         assert_like(out, (2, 3, 8, 128), BF16), assert_like(lse, (2, 3, 8), torch.float32)
         tables = [cuda(*t.shape, dtype=torch.int32) for t in
                   (chunk_plan.chunks, chunk_plan.segments, chunk_plan.summary_segments, chunk_plan.chains)]
+        recipe = chunk_recipe.ChunkRecipe.of(chunk_plan).ints()
         for final in (True, False):
-            o, state = torch.ops.kgen.chunk_gated_delta_rule(
+            o, state, *kept = torch.ops.kgen.chunk_gated_delta_rule(
                 cuda(1, 765, 2, 128), cuda(1, 765, 2, 128), cuda(1, 765, 4, 128), cuda(1, 765, 4, dtype=torch.float32),
-                cuda(1, 765, 4, dtype=torch.float32), None, cuda(3, dtype=torch.int32), tables, chunk_recipe.ChunkRecipe.of(chunk_plan).ints(),
-                None, final, False, "kv")
+                cuda(1, 765, 4, dtype=torch.float32), None, cuda(3, dtype=torch.int32), tables, recipe, None, final,
+                False, "kv")
             assert_like(o, (1, 765, 4, 128), BF16)
             assert_like(state, (2, 4, 128, 128) if final else (0,), torch.float32)
+        # What autograd keeps for the backward (chunk.ForwardKept): Tbeta and the gate cumsums a chunk (11 + 2), the
+        # start states a summary (none: this plan does not split).
+        assert len(chunk_plan.chunks) == 13 and chunk_plan.num_summaries == 0
+        for t, shape, dtype in zip(kept, [(13, 4, 64, 64), (13, 4, 64), (0, 4, 128, 128)], [BF16, *[torch.float32] * 2]):
+            assert_like(t, shape, dtype)
+        # A split plan: sequence 0's 11 chunks in segments of 4, two summaries, a row each in the summary table.
+        split = kgen.ops.plan_chunk_gated_delta_rule([0, 700, 765], num_heads_v=4, segment_chunks=4)
+        assert split.num_summaries == 2 == len(split.summary_segments)
+        split_tables = [cuda(*t.shape, dtype=torch.int32) for t in
+                        (split.chunks, split.segments, split.summary_segments, split.chains)]
+        *_, starts = torch.ops.kgen.chunk_gated_delta_rule(
+            cuda(1, 765, 2, 128), cuda(1, 765, 2, 128), cuda(1, 765, 4, 128), cuda(1, 765, 4, dtype=torch.float32),
+            cuda(1, 765, 4, dtype=torch.float32), None, cuda(3, dtype=torch.int32), split_tables,
+            chunk_recipe.ChunkRecipe.of(split).ints(), None, False, False, "kv")
+        assert_like(starts, (2, 4, 128, 128), torch.float32)
+        # Planned from the shapes (no recipe): B sequences of T tokens, ceil(T / 64) chunks each, and no start
+        # states kept, whatever the split (the shapes may be symbolic).
+        *_, tbeta, gammas, starts = torch.ops.kgen.chunk_gated_delta_rule(
+            cuda(3, 130, 2, 64), cuda(3, 130, 2, 64), cuda(3, 130, 4, 64), cuda(3, 130, 4, dtype=torch.float32),
+            cuda(3, 130, 4, dtype=torch.float32), None, None, [], [], None, False, False, "kv")
+        assert_like(tbeta, (9, 4, 64, 64), BF16), assert_like(gammas, (9, 4, 64), torch.float32)
+        assert_like(starts, (0, 4, 64, 64), torch.float32)
+
         o = torch.ops.kgen.gated_delta_rule_step(cuda(5, 2, 128), cuda(5, 2, 128), cuda(5, 4, 128),
                                                  cuda(5, 4, dtype=torch.float32), cuda(5, 4, dtype=torch.float32),
                                                  cuda(9, 4, 128, 128, dtype=torch.float32),
@@ -88,6 +112,26 @@ def test_fake_shapes_of_every_op():
                                            cuda(10, 24)) is None
         assert torch.ops.kgen.grouped_gemm_swiglu(cuda(3, 5, 16), cuda(3, 48, 16), cuda(3, dtype=torch.int32), True,
                                                   cuda(3, 5, 24)) is None
+
+
+def test_the_chunk_ops_fake_traces_symbolic_shapes():
+    # torch.compile marks a dense call's B and T dynamic when they change between calls: the fake must size its
+    # outputs (what autograd keeps included) from symbolic shapes, without planning.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def call(q, k, v, g, beta):
+        return torch.ops.kgen.chunk_gated_delta_rule(q, k, v, g, beta, None, None, [], [], None, True, False, "kv")
+
+    def meta(*shape, dtype=BF16):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    graph = make_fx(call, tracing_mode="symbolic")(meta(3, 100, 1, 128), meta(3, 100, 1, 128), meta(3, 100, 2, 128),
+                                                   meta(3, 100, 2, dtype=torch.float32), meta(3, 100, 2, dtype=torch.float32))
+    outputs = next(n for n in graph.graph.nodes if n.op == "output").args[0]
+    shapes = [tuple(str(size) for size in node.meta["val"].shape) for node in outputs]
+    batch, tokens = shapes[0][:2]
+    assert not batch.isdigit() and not tokens.isdigit(), "the trace did not make B and T symbolic"
+    assert shapes[2][2:] == ("64", "64") and shapes[4][0] == "0" and shapes[4][2:] == ("128", "128")
 
 
 def test_public_functions_call_the_ops_while_compiling():
@@ -192,11 +236,34 @@ def test_a_differentiable_chunk_call_is_checked_like_any_other():
         kgen.ops.chunk_gated_delta_rule_bwd(x, x, x, x[..., 0], x[..., 0], x)
 
 
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")  # good tensors' alignment checks
+def test_the_backward_refuses_kept_tensors_that_are_not_the_forwards_by_name():
+    plan = kgen.ops.plan_chunk_gated_delta_rule([0, 130], num_heads_v=2, segment_chunks=1)  # 3 chunks, 2 summaries
+    Kept = gated_delta_rule.chunk.ForwardKept
+    with FakeTensorMode():
+        q = cuda(1, 130, 1, 128)
+        good = Kept(cuda(3, 2, 64, 64), cuda(3, 2, 64, dtype=torch.float32), cuda(2, 2, 128, 128, dtype=torch.float32))
+        cases = [(tuple(good), "^forward_kept: expected a ForwardKept"),
+                 (good._replace(start_states=cuda(1, 2, 64, 128, dtype=torch.float32)), r"^forward_kept\.start_states: "),
+                 (good._replace(tbeta=cuda(2, 2, 64, 64)), r"^forward_kept\.tbeta: "),
+                 (good._replace(tbeta=cuda(3, 2, 64, 64, dtype=torch.float32)), r"^forward_kept\.tbeta: "),
+                 (good._replace(gamma_log2=cuda(3, 2, 64)), r"^forward_kept\.gamma_log2: "),
+                 (good._replace(gamma_log2=cuda(3, 64, 2, dtype=torch.float32).transpose(1, 2)), r"^forward_kept\.gamma_log2: "),
+                 (good._replace(start_states=cuda(1, 2, 128, 128, dtype=torch.float32)), r"^forward_kept\.start_states: ")]
+        for kept, message in cases:
+            with pytest.raises((TypeError, ValueError), match=message):
+                gated_delta_rule.backward.check_forward_kept(kept, plan, q, 2)
+        gated_delta_rule.backward.check_forward_kept(good, plan, q, 2)
+        # No start states kept (a call planned from the shapes): the backward runs the summaries again.
+        gated_delta_rule.backward.check_forward_kept(good._replace(start_states=cuda(0, 2, 128, 128, dtype=torch.float32)),
+                                                     plan, q, 2)
+
+
 def test_autograd_leaves_the_gdn_backward_path_to_the_setting():
     with kgen.config.overrides(KGEN_GDN_BACKWARD=None):  # unset, whatever the environment says
-        assert kgen.config.gdn_backward() == "torch"
-    with kgen.config.overrides(KGEN_GDN_BACKWARD="kernel"):
         assert kgen.config.gdn_backward() == "kernel"
+    with kgen.config.overrides(KGEN_GDN_BACKWARD="torch"):
+        assert kgen.config.gdn_backward() == "torch"
     # The backward op (what autograd calls) names no path, so the setting decides it for every training step.
     q = torch.zeros(1, 2, 2, 128)
     grads = (q, q, q, q[..., 0], q[..., 0], torch.zeros(0))
@@ -210,18 +277,28 @@ def test_autograd_leaves_the_gdn_backward_path_to_the_setting():
 
 
 @pytest.mark.parametrize("planned", [True, False], ids=["a plan's recipe", "planned from the shapes"])
-def test_autograd_through_the_chunk_op_returns_a_gradient_per_input(planned):
-    # torch.library checks that the backward's result has the inputs' structure. Without a plan (torch.compile's
-    # dense call) the recipe is an empty list, whose gradient must be an empty list too (not None).
+def test_autograd_gives_the_backward_what_the_forward_kept(planned):
+    # The forward op returns chunk.ForwardKept's tensors; autograd keeps them (as FlashQLA keeps its A and start
+    # states) and hands them to the backward, which then does not compute them again. Without a plan
+    # (torch.compile's dense call) the recipe is an empty list, whose gradient must be one too.
     tables, recipe = ([torch.zeros(1, 2, dtype=torch.int32)] * 4, [2, 128, 64, 1, 0, 0, 64]) if planned else ([], [])
     q = torch.randn(1, 64, 2, 128, requires_grad=True)
     library = gated_delta_rule.library
-    with mock.patch.object(library, "_plan_of"), \
-         mock.patch.object(library.chunk, "chunk_gated_delta_rule", side_effect=lambda *a, **k: (torch.zeros(1, 64, 2, 128), None)), \
-         mock.patch.object(library.backward, "chunk_gated_delta_rule_bwd",
-                           side_effect=lambda *a, **k: tuple(torch.ones_like(t) for t in a[:5]) + (None,)):
-        o, _ = torch.ops.kgen.chunk_gated_delta_rule(q, q, q, q[..., 0], q[..., 0], None, None, tables, recipe, None,
-                                                     False, False, "kv")
-        o.sum().backward()
-    assert q.grad is not None
+    kept = library.chunk.ForwardKept(torch.randn(1, 2, 64, 64), torch.randn(1, 2, 64), torch.randn(0, 2, 128, 128))
+    seen = {}
 
+    def backward(*args, **kwargs):
+        seen.update(kwargs)
+        return tuple(torch.zeros_like(t) for t in args[:5]) + (None,)
+
+    with mock.patch.object(library, "_plan_of"), \
+         mock.patch.object(library.chunk, "forward_keeping",
+                           side_effect=lambda *a, **k: (torch.zeros(1, 64, 2, 128), None, library.chunk.ForwardKept(
+                               *(t.clone() for t in kept)))), \
+         mock.patch.object(library.backward, "chunk_gated_delta_rule_bwd", side_effect=backward):
+        o, *_ = torch.ops.kgen.chunk_gated_delta_rule(q, q, q, q[..., 0], q[..., 0], None, None, tables, recipe, None,
+                                                      False, False, "kv")
+        o.sum().backward()
+    assert isinstance(seen["forward_kept"], library.chunk.ForwardKept)
+    assert all(torch.equal(a, b) for a, b in zip(seen["forward_kept"], kept))
+    assert q.grad is not None

@@ -19,6 +19,7 @@ from unittest import mock
 import torch
 
 from kgen import config, registry
+from kgen.families.gated_delta_rule import backward
 from kgen.families.grouped_gemm import op as grouped_gemm_op
 from kgen.ops import attention_decode, attention_varlen, merge_attention_states, merge_attention_states_n
 from kgen.ops import plan_attention_decode, plan_attention_varlen
@@ -92,6 +93,12 @@ def attention_and_gated_delta_rule() -> None:
         grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"),
                                            use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan, per_chunk="kernel")
         assert not grads[2][0, :lengths[0]].isnan().any(), "NaN leaked into sequence 0 (per-chunk gradients kernel)"
+        # Its persistent blocks, two for all the items: each block moves on to new items (Q and K loaded ahead).
+        with mock.patch.object(backward, "sm_count", lambda device: 2):
+            few = chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"),
+                                             use_qk_l2norm_in_kernel=True, state_layout=layout, plan=plan, per_chunk="kernel")
+        for a, b in zip(few[:5], grads[:5]):  # the poisoned neighbour's NaNs included
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg="the gradients kernel's grid changed them")
         grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, d_out, cu_seqlens=past, plan=plan, state_layout=layout,
                                            per_chunk="kernel")
         assert all(x[0, :lengths[0]].isnan().all() for x in grads[:5]), "a plan used with other cu_seqlens (backward)"

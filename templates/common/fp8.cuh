@@ -1,5 +1,6 @@
 // FP8 e4m3 block quantization (DeepGEMM's recipe): s = max(amax, 1e-4) / 448 per block, q = e4m3_rn_satfinite(x / s)
-// by x * (1 / s). A NaN in a block propagates to its amax (max_keeping_nan), its scale and its codes.
+// by x * (1 / s). A NaN in a block propagates to its amax (max_keeping_nan), its scale and its codes. Also e5m2
+// pairs both ways, for the gated delta rule's state rounding losses (gated_delta_rule/tiles.cuh).
 // Included into rendered sources with Jinja; the raw block keeps Jinja away from the asm operand lists.
 {% raw %}
 #include <cuda_fp8.h>  // __nv_fp8_e4m3, the spec's e4m3 elements
@@ -19,6 +20,22 @@ __device__ __forceinline__ unsigned short to_e4m3x2(float lo, float hi) {
     unsigned short out;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
     return out;
+}
+
+// Two floats as two e5m2 codes (saturating to the largest finite), `lo` in the lower byte.
+__device__ __forceinline__ unsigned short to_e5m2x2(float lo, float hi) {
+    unsigned short out;
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
+    return out;
+}
+
+// Two e5m2 codes (the lower byte first) as floats (exact: e5m2 is a subset of fp16).
+__device__ __forceinline__ float2 from_e5m2x2(unsigned short codes) {
+    unsigned halves;
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(halves) : "h"(codes));
+    __half2 pair;
+    memcpy(&pair, &halves, sizeof(pair));
+    return __half22float2(pair);
 }
 
 }  // namespace kgen

@@ -139,7 +139,8 @@ struct Recurrence {
     // The kernels' parameters in the contract's order (chunk.cu.j2 passes them by the contract's
     // names). Taken one by one, not as one struct, whose loads ptxas schedules differently.
     // kSummary: the segment's summary (chunk.cu.j2). kStates (the backward's recompute): no output; ``out``
-    // receives, before every chunk, the 16-bit S^T of this block's value slice, [chunk, v-head, V, K].
+    // receives, before every chunk, the 16-bit S^T of this block's value slice, [chunk, v-head, V, K], and
+    // state_residuals (unless null) what that rounding lost (tiles.cuh's store_residual_rows), in the same places.
     // The output kernels (neither) run one state warpgroup per slice (kWide: kWideGroups, else one) and an
     // output warpgroup: the state ones carry their slices of the state from chunk to chunk, in step; the last
     // computes O from what they leave in shared memory, so that the state's chain of products waits for none
@@ -154,7 +155,8 @@ struct Recurrence {
                                                const void* __restrict__ cu_seqlens, long long cu_seqlens_is_int64, const float* __restrict__ initial_state,
                                                const float* __restrict__ start_states, float* __restrict__ summary,
                                                int* __restrict__ negligible_summaries,
-                                               T* __restrict__ out, float* __restrict__ final_state, long long num_heads,
+                                               T* __restrict__ out, unsigned char* __restrict__ state_residuals,
+                                               float* __restrict__ final_state, long long num_heads,
                                                long long num_heads_v, float scale, long long use_qk_l2norm,
                                                float negligible_log_decay) {
         constexpr bool kOutput = !kSummary && !kStates;  // reads Q and writes O, in a warpgroup of its own
@@ -429,9 +431,10 @@ struct Recurrence {
         for (int c = 0; c < chunks; ++c) {
             const bool next_full = c + 1 < chunks && is_full(c + 1);
             const float2 gamma = gamma_next;  // log2 units
-            if (kStates) {  // S^T before this chunk, 16-bit, as the backward reads it
-                store_rows<T, kHeadDim>(out + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim,
-                                        s, value0 + row, fragment_column);
+            if (kStates) {  // S^T before this chunk, 16-bit, as the backward reads it, and what that rounding lost
+                const long long at = (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim;
+                store_rows<T, kHeadDim>(out + at, s, value0 + row, lane);
+                if (state_residuals != nullptr) store_residual_rows<T, kHeadDim>(state_residuals + at, s, value0 + row, lane);
             }
             wait_chunk(c, false);
             if (!is_full(c)) kgen::fence_proxy_async_shared();  // cp.async tiles are read by wgmma

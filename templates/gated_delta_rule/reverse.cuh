@@ -4,10 +4,14 @@
 //     dS  = e^{Gamma_last} dS' + scale (diag(e^Gamma) dO)^T Q - (diag(e^Gamma) Tbeta^T dVn)^T K
 // (the gradient of chunk.cu.j2's S = e^{Gamma_last} S + K^T diag(e^{Gamma_last - Gamma}) Vn and O through
 // S, with Vn = Tbeta (V - diag(e^Gamma) K S)). It writes every chunk's dS' (16-bit, transposed,
-// [chunk, v-head, V, K]) for the per-chunk gradients, and the sequence's dS before its first chunk.
+// [chunk, v-head, V, K]) for the per-chunk gradients, with what that rounding lost unless d_state_residuals is
+// null (tiles.cuh's store_residual_rows), and the sequence's dS before its first chunk.
 // A block (one warpgroup) owns (segment, v-head, slice of kSliceV value columns) and keeps dS'^T [kSliceV, K] in
 // fp32 wgmma accumulators, with a 16-bit copy in shared memory as K dS''s B operand. The chunk before this one
-// loads by cp.async while this one computes; an incomplete chunk's rows past the sequence are zero-filled and
+// loads by cp.async while this one computes: its Q and K into a second buffer from the step's start, its dO slice
+// and Tbeta into their single tiles once this chunk has read its own, so that the tiles (104 KB at head dim 128)
+// leave room for two blocks an SM (one block of four warps an SM was latency-bound: ncu, bench/NOTES.md,
+// thirty-second session). An incomplete chunk's rows past the sequence are zero-filled and
 // never read (has_incomplete_tile=false has no such code). Every gate difference is taken with i <= j, so nothing
 // overflows. A sequence the call's cu_seqlens bound otherwise than the plan (plan_refused) starts from a NaN dS',
 // so all its gradients come out NaN.
@@ -36,15 +40,15 @@ struct Reverse {
     static constexpr int kValueTiles = kSliceV / 8, kKeyTiles = kHeadDim / 8;
     static constexpr int kPanelBytes = kChunk * 128;
 
-    struct ChunkTiles {  // one chunk's inputs
-        T q[kChunk * kHeadDim], k[kChunk * kHeadDim], d_out[kChunk * kSliceV], tbeta[kChunk * kChunk];
+    struct ChunkKeys {  // one chunk's Q and K
+        T q[kChunk * kHeadDim], k[kChunk * kHeadDim];
     };
     struct alignas(64) Shared {
-        ChunkTiles chunk[2];               // this chunk's, and the one before it as it loads
+        ChunkKeys chunk[2];                // this chunk's, and the one before it as it loads
+        T d_out[kChunk * kSliceV];         // dO's slice; then, gated in place, scale diag(e^Gamma) dO, transposed A of dS's update
+        T tbeta[kChunk * kChunk];          // Tbeta
         T d_state[kSliceV * kHeadDim];     // dS'^T, K dS''s B operand
-        T d_vn[kChunk * kSliceV];          // dVn, Tbeta^T dVn's B operand
-        T d_out_gated[kChunk * kSliceV];   // scale diag(e^Gamma) dO, transposed A of dS's update
-        T y_gated[kChunk * kSliceV];       // -diag(e^Gamma) Tbeta^T dVn, the same
+        T d_vn[kChunk * kSliceV];          // dVn, Tbeta^T dVn's B operand; then -diag(e^Gamma) Tbeta^T dVn, transposed A
     };
     static_assert(sizeof(T) * kChunk * kSliceV % kSwizzleAlignment == 0 &&
                   sizeof(T) * kChunk * kChunk % kSwizzleAlignment == 0, "tiles of whole swizzle repeats");
@@ -66,7 +70,8 @@ struct Reverse {
                                                long long cu_seqlens_is_int64, const int* __restrict__ segments,
                                                const float* __restrict__ gamma_log2, const float* __restrict__ end_states,
                                                float* __restrict__ summary, int* __restrict__ negligible_summaries,
-                                               T* __restrict__ d_states, float* __restrict__ d_initial_state,
+                                               T* __restrict__ d_states, unsigned char* __restrict__ d_state_residuals,
+                                               float* __restrict__ d_initial_state,
                                                long long num_heads, long long num_heads_v, float scale,
                                                float negligible_log_decay) {
         extern __shared__ unsigned char smem_bytes[];
@@ -97,22 +102,23 @@ struct Reverse {
             if (negligible && !carries_d_out) return;
             if (negligible) chunks = until + 1;
         }
-        if (!carries_d_out) {  // dO = 0 for M's columns: its tiles are zeroed once and never loaded
-            for (int i = threadIdx.x; i < kChunk * kSliceV; i += kThreads) {
-                smem.chunk[0].d_out[i] = kgen::from_f32<T>(0.f), smem.chunk[1].d_out[i] = kgen::from_f32<T>(0.f);
-            }
+        if (!carries_d_out) {  // dO = 0 for M's columns: its tile is zeroed once and never loaded (gating keeps 0)
+            for (int i = threadIdx.x; i < kChunk * kSliceV; i += kThreads) smem.d_out[i] = kgen::from_f32<T>(0.f);
         }
-        auto load_chunk = [&](int c, ChunkTiles& tiles) {
+        // A chunk's inputs by cp.async, not committed: Q and K into a buffer of their own, dO's slice and Tbeta.
+        auto load_keys = [&](int c, ChunkKeys& tiles) {
             const int token = token_of(c), valid = end_token - token;
             load_tile<kHeadDim, kThreads, kHasIncompleteTile>(tiles.q, q + token * qk_stride + head * kHeadDim, qk_stride, valid, threadIdx.x);
             load_tile<kHeadDim, kThreads, kHasIncompleteTile>(tiles.k, k + token * qk_stride + head * kHeadDim, qk_stride, valid, threadIdx.x);
+        };
+        auto load_d_out_tbeta = [&](int c) {
+            const int token = token_of(c), valid = end_token - token;
             if (carries_d_out) {
-                load_tile<kSliceV, kThreads, kHasIncompleteTile>(tiles.d_out, d_out + token * v_stride + head_v * kHeadDim + value0,
+                load_tile<kSliceV, kThreads, kHasIncompleteTile>(smem.d_out, d_out + token * v_stride + head_v * kHeadDim + value0,
                                                                 v_stride, valid, threadIdx.x);
             }
-            load_tile<kChunk, kThreads, false>(tiles.tbeta, tbeta + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kChunk * kChunk,
+            load_tile<kChunk, kThreads, false>(smem.tbeta, tbeta + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kChunk * kChunk,
                                                kChunk, kChunk, threadIdx.x);
-            kgen::cp_async_commit();
         };
 
         // dS'^T's accumulators: value rows 16 warp + lane / 4 (+ 8), key columns 8 n + 2 (lane % 4) (+ 1).
@@ -139,38 +145,51 @@ struct Reverse {
                 }
             }
         }
-        if (chunks > 0) load_chunk(chunks - 1, smem.chunk[0]);
+        if (chunks > 0) {
+            load_keys(chunks - 1, smem.chunk[0]);
+            load_d_out_tbeta(chunks - 1);
+            kgen::cp_async_commit();
+        }
         store_accumulators<kHeadDim, T, kKeyTiles, kSliceV>(smem.d_state, ds, 16 * warp, lane);
         const unsigned d_state_tile = kgen::smem_addr(smem.d_state), d_vn_tile = kgen::smem_addr(smem.d_vn);
-        const unsigned d_out_gated_tile = kgen::smem_addr(smem.d_out_gated), y_gated_tile = kgen::smem_addr(smem.y_gated);
+        const unsigned d_out_tile = kgen::smem_addr(smem.d_out), tbeta_tile = kgen::smem_addr(smem.tbeta);
+
+        // A chunk's gates (two tokens a lane), loaded a step ahead: read at the step's start they waited for their
+        // round trip on the chain (ncu: 18% of the kernel's stall samples, bench/NOTES.md, thirty-first session).
+        auto gates_of = [&](int c, float (&gate)[2]) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int t = token_of(c) + 2 * lane + e;
+                gate[e] = !kHasIncompleteTile || t < end_token ? g[static_cast<long long>(t) * heads_v + head_v] : 0.f;
+            }
+        };
+        float gate[2] = {0.f, 0.f};
+        if (chunks > 0) gates_of(chunks - 1, gate);
 
         for (int i = 0; i < chunks; ++i) {
-            const int c = chunks - 1 - i, token = token_of(c);
-            ChunkTiles& tiles = smem.chunk[i % 2];
-            // The other buffer was last read in step i - 1, which every thread has left (its last barrier).
+            const int c = chunks - 1 - i;
+            ChunkKeys& tiles = smem.chunk[i % 2];
+            // The other buffer was last read in step i - 1, which every thread has left (its last barrier). All
+            // but this newest group are this chunk's: its Q and K (a step back), its dO and Tbeta (mid-step).
             if (c > 0) {
-                load_chunk(c - 1, smem.chunk[(i + 1) % 2]);
+                load_keys(c - 1, smem.chunk[(i + 1) % 2]);
+                kgen::cp_async_commit();
                 kgen::cp_async_wait<1>();
             } else {
                 kgen::cp_async_wait<0>();
             }
-            if constexpr (!kSummary) {  // dS'^T of this chunk, 16-bit, for the per-chunk gradients
-                store_rows<T, kHeadDim>(d_states + (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim,
-                                        ds, value0 + row, fragment_column);
+            if constexpr (!kSummary) {  // dS'^T of this chunk, 16-bit, for the per-chunk gradients, and what that lost
+                const long long at = (static_cast<long long>(first_chunk + c) * heads_v + head_v) * kHeadDim * kHeadDim;
+                store_rows<T, kHeadDim>(d_states + at, ds, value0 + row, lane);
+                if (d_state_residuals != nullptr) store_residual_rows<T, kHeadDim>(d_state_residuals + at, ds, value0 + row, lane);
             }
-            float gate[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int t = 2 * lane + e;
-                gate[e] = !kHasIncompleteTile || token + t < end_token ? g[static_cast<long long>(token + t) * heads_v + head_v] : 0.f;
-            }
-            const float2 gamma = gate_cumsum(gate[0], gate[1], lane);
+            const float2 gamma = chunk_cumsum(gate[0], gate[1], lane);
+            if (c > 0) gates_of(c - 1, gate);
             const float gamma_last = __shfl_sync(0xffffffffu, gamma.y, 31);
             const float gamma_row[2] = {gamma_of(gamma, row), gamma_of(gamma, row + 8)};
             kgen::fence_proxy_async_shared();
             __syncthreads();  // this chunk's tiles and dS'^T's copy are in
             const unsigned q_tile = kgen::smem_addr(tiles.q), k_tile = kgen::smem_addr(tiles.k);
-            const unsigned d_out_tile = kgen::smem_addr(tiles.d_out), tbeta_tile = kgen::smem_addr(tiles.tbeta);
 
             // K Q^T and K dS' in one batch.
             float kq[kChunk / 8][4], d_vn[kValueTiles][4];
@@ -210,54 +229,64 @@ struct Reverse {
             kgen::wgmma_wait<0>();
             kgen::fence_operands(d_vn);
             store_accumulators<kSliceV, T>(smem.d_vn, d_vn, 16 * warp, lane);
+            __syncthreads();  // every warp's products have read dO's slice, gated in place below
             // scale diag(e^Gamma) dO, from this thread's places of the same layout.
 #pragma unroll
             for (int n = 0; n < kValueTiles; ++n) {
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const int r = row + 8 * half, column = 8 * n + fragment_column;
-                    const unsigned pair = *reinterpret_cast<const unsigned*>(tiles.d_out + swizzled<kSliceV>(r, column));
+                    unsigned& pair = *reinterpret_cast<unsigned*>(smem.d_out + swizzled<kSliceV>(r, column));
                     T value[2];
                     memcpy(value, &pair, sizeof(value));
                     const float factor = scale * __expf(gamma_row[half]);
-                    *reinterpret_cast<unsigned*>(smem.d_out_gated + swizzled<kSliceV>(r, column)) =
-                        kgen::pack2<T>(factor * kgen::to_f32<T>(value[0]), factor * kgen::to_f32<T>(value[1]));
+                    pair = kgen::pack2<T>(factor * kgen::to_f32<T>(value[0]), factor * kgen::to_f32<T>(value[1]));
                 }
             }
+            scale_accumulators(ds, __expf(gamma_last));
             kgen::fence_proxy_async_shared();
             __syncthreads();  // dVn and the gated dO are whole
 
-            // Y = Tbeta^T dVn (Tbeta's tile read M-major), then -diag(e^Gamma) Y.
+            // Y = Tbeta^T dVn (Tbeta's tile read M-major) and dS^T's first update, e^{Gamma_last} dS'^T +
+            // (scale diag(e^Gamma) dO)^T Q, in one batch, after which dO's and Tbeta's tiles are free for the chunk
+            // before's (the same tensor work before Y's store as the old order's after it).
             float y[kValueTiles][4];
             kgen::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kChunk / 16; ++kk) {
                 kgen::wgmma_ss<kSliceV, 1, 1>(y, mn_major(tbeta_tile, kk), mn_major(d_vn_tile, kk), kk > 0);
             }
+#pragma unroll
+            for (int kk = 0; kk < kChunk / 16; ++kk) {
+                kgen::wgmma_ss<kHeadDim, 1, 1>(ds, mn_major(d_out_tile, kk), mn_major(q_tile, kk), true);
+            }
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
-            kgen::fence_operands(y);
+            kgen::fence_operands(y), kgen::fence_operands(ds);
 #pragma unroll
             for (int n = 0; n < kValueTiles; ++n) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) y[n][e] *= -__expf(gamma_row[e / 2]);
             }
-            store_accumulators<kSliceV, T>(smem.y_gated, y, 16 * warp, lane);
-            scale_accumulators(ds, __expf(gamma_last));
+            __syncthreads();  // dVn, Tbeta and the gated dO are read no more: the chunk before's load into theirs
+            if (c > 0) {
+                load_d_out_tbeta(c - 1);
+                kgen::cp_async_commit();
+            }
+            store_accumulators<kSliceV, T>(smem.d_vn, y, 16 * warp, lane);
             kgen::fence_proxy_async_shared();
             __syncthreads();  // the gated Y is whole
 
-            // dS^T = e^{Gamma_last} dS'^T + (scale diag(e^Gamma) dO)^T Q - (diag(e^Gamma) Y)^T K.
+            // dS^T -= (diag(e^Gamma) Y)^T K.
             kgen::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kChunk / 16; ++kk) {
-                kgen::wgmma_ss<kHeadDim, 1, 1>(ds, mn_major(d_out_gated_tile, kk), mn_major(q_tile, kk), true);
-                kgen::wgmma_ss<kHeadDim, 1, 1>(ds, mn_major(y_gated_tile, kk), mn_major(k_tile, kk), true);
+                kgen::wgmma_ss<kHeadDim, 1, 1>(ds, mn_major(d_vn_tile, kk), mn_major(k_tile, kk), true);
             }
             kgen::wgmma_commit();
             kgen::wgmma_wait<0>();
             kgen::fence_operands(ds);
-            // Every warp is past the first batch (two barriers back), the copy's only reader.
+            // Every warp is past the first batch (barriers back), the copy's only reader.
             store_accumulators<kHeadDim, T, kKeyTiles, kSliceV>(smem.d_state, ds, 16 * warp, lane);
             __syncthreads();  // this chunk's tiles are read no more: the next step reloads their buffer
         }

@@ -1,5 +1,5 @@
 // Shared-memory tiles of the chunked gated delta rule and their mma.sync fragments.
-// Needs common/numeric.cuh, smem.cuh, swizzle.cuh, mma.cuh and cp_async.cuh.
+// Needs common/numeric.cuh, smem.cuh, swizzle.cuh, mma.cuh, cp_async.cuh and fp8.cuh (the states' rounding losses).
 //
 // A tile is [kRows][kCols] 16-bit elements, kCols a multiple of 64, in TMA's 128-byte swizzled
 // layout (common/swizzle.cuh), which wgmma's descriptors read too; the eight row addresses of an
@@ -76,16 +76,81 @@ __device__ __forceinline__ void store_accumulators(E* tile, const float (&c)[kTi
     }
 }
 
-// Accumulators of rows row0 and row0 + 8 x columns 8 n + column (+ 1), n < kTiles, into a row-major global
-// matrix of kStride columns, as E (the backward's 16-bit copies of S^T and dS'^T).
+// A 4 x 4 transpose of 32-bit words over the four lanes of a quad: lane q's word i becomes lane i's word q. Two
+// exchanges with the lane differing in bit b (b = 1, 2) of the words whose index differs from the lane's there;
+// the words are picked by selects, not by an index into the array (which would put it in local memory).
+__device__ __forceinline__ void quad_transpose(unsigned (&w)[4], int lane) {
+#pragma unroll
+    for (int b = 1; b <= 2; b *= 2) {
+        const int other = 3 - b;  // the words of index bit b clear are 0 and `other`; b and other + b have it set
+        const bool high = (lane & b) != 0;  // a lane sends the words whose bit b is not its own, and takes the partner's
+        const unsigned send0 = high ? w[0] : w[b], send1 = high ? w[other] : w[other + b];
+        const unsigned got0 = __shfl_xor_sync(0xffffffffu, send0, b), got1 = __shfl_xor_sync(0xffffffffu, send1, b);
+        if (high) {
+            w[0] = got0, w[other] = got1;
+        } else {
+            w[b] = got0, w[other + b] = got1;
+        }
+    }
+}
+
+// Accumulators of rows row0 and row0 + 8 x columns [0, 8 kTiles) (lane's columns 8 n + 2 (lane % 4) + {0, 1}), into
+// a row-major global matrix of kStride columns, as E (the backward's 16-bit copies of S^T and dS'^T). A quad's
+// lanes first trade pairs (quad_transpose) so that each stores a whole column block, 16 bytes: a warp's store then
+// writes 64 bytes of each of its 8 rows, whole 32-byte sectors, four times fewer stores than a pair a lane (whose
+// half-filled sectors doubled the states recompute's time when a second such store was added: bench/NOTES.md,
+// thirty-fourth session).
 template <class E, int kStride, int kTiles>
-__device__ __forceinline__ void store_rows(E* dest, const float (&c)[kTiles][4], int row0, int column) {
+__device__ __forceinline__ void store_rows(E* dest, const float (&c)[kTiles][4], int row0, int lane) {
+    static_assert(kTiles % 4 == 0, "store_rows: column blocks four at a time");
+    const int quad_lane = lane % 4;
 #pragma unroll
-    for (int n = 0; n < kTiles; ++n) {
+    for (int half = 0; half < 2; ++half) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            *reinterpret_cast<unsigned*>(dest + static_cast<long long>(row0 + 8 * half) * kStride + 8 * n + column) =
-                pack2<E>(c[n][2 * half], c[n][2 * half + 1]);
+        for (int m = 0; m < kTiles / 4; ++m) {
+            unsigned w[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) w[j] = pack2<E>(c[4 * m + j][2 * half], c[4 * m + j][2 * half + 1]);
+            quad_transpose(w, lane);  // w: column block 4 m + quad_lane, columns 2 j, 2 j + 1
+            *reinterpret_cast<uint4*>(dest + static_cast<long long>(row0 + 8 * half) * kStride + 8 * (4 * m + quad_lane)) =
+                make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+// What rounding a value to E (16-bit) loses, kept in a byte for the one sum that needs it: dg's whole-state
+// inner product e^{G_L} <S, dS'> of a chunk, 16,384 terms that cancel, which 16-bit S and dS' alone leave at
+// about the 1e-2 bar (bench/NOTES.md, thirty-second session). The byte is the loss v - E(v) times kResidualScale
+// as FP8 e5m2 (two mantissa bits; normal from 2^-14 to 57344): E(v) + loss is v to 2^-11 of it for bf16 (its own
+// 2^-9 made four times finer or more; fp16's 2^-12 becomes 2^-15) for |v| from about 2^-17 to 7000, and never
+// further from v than E(v) (a float32 model over 2 x 10^6 random values); a NaN or infinite v keeps a NaN loss.
+constexpr float kResidualScale = 4096.f;
+
+// store_rows' rounding losses (see above), a byte each at the same places. A lane's two bytes of column blocks
+// 8 m + 2 i and 8 m + 2 i + 1 go to quad lane i in one word (quad_transpose), which then holds both blocks' 16
+// bytes and stores them at once.
+template <class E, int kStride, int kTiles>
+__device__ __forceinline__ void store_residual_rows(unsigned char* dest, const float (&c)[kTiles][4], int row0, int lane) {
+    static_assert(kTiles % 8 == 0, "store_residual_rows: column blocks eight at a time");
+    const int quad_lane = lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int m = 0; m < kTiles / 8; ++m) {
+            unsigned short lost[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float* pair = &c[8 * m + j][2 * half];
+                const float2 kept = unpack2<E>(pack2<E>(pair[0], pair[1]));  // store_rows' rounding
+                lost[j] = to_e5m2x2((pair[0] - kept.x) * kResidualScale, (pair[1] - kept.y) * kResidualScale);
+            }
+            unsigned w[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) w[i] = lost[2 * i] | static_cast<unsigned>(lost[2 * i + 1]) << 16;
+            quad_transpose(w, lane);  // w[p]: lane p's bytes of blocks 8 m + 2 quad_lane (low half) and + 1 (high)
+            *reinterpret_cast<uint4*>(dest + static_cast<long long>(row0 + 8 * half) * kStride + 8 * (8 * m + 2 * quad_lane)) =
+                make_uint4(__byte_perm(w[0], w[1], 0x5410), __byte_perm(w[2], w[3], 0x5410),
+                           __byte_perm(w[0], w[1], 0x7632), __byte_perm(w[2], w[3], 0x7632));
         }
     }
 }
@@ -143,9 +208,9 @@ __device__ __forceinline__ void inverse_row_norms(const E* tile, float* scales, 
     }
 }
 
-// The in-chunk inclusive cumsum of the gates: lane l holds tokens 2l and 2l + 1 (gates past the
-// sequence end are 0, so they repeat the last token's sum). Returns both of the lane's sums.
-__device__ __forceinline__ float2 gate_cumsum(float g0, float g1, int lane) {
+// The in-chunk inclusive cumsum of a warp's 64 values, lane l holding tokens 2l and 2l + 1 (of the gates: gates
+// past the sequence end are 0, so they repeat the last token's sum). Returns both of the lane's sums.
+__device__ __forceinline__ float2 chunk_cumsum(float g0, float g1, int lane) {
     float pair = g0 + g1;
 #pragma unroll
     for (int offset = 1; offset < 32; offset *= 2) {

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -134,6 +134,20 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         plan: from :func:`plan_chunk_gated_delta_rule` for these sequences.
         out: optional preallocated o (contiguous, v's shape and dtype).
     """
+    return forward_keeping(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                           output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout, plan=plan,
+                           out=out)[:2]
+
+
+def forward_keeping(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
+                    scale: float | None = None, initial_state: torch.Tensor | None = None,
+                    output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
+                    use_qk_l2norm_in_kernel: bool = False, state_layout: str = "kv",
+                    plan: ChunkGatedDeltaRulePlan | None = None, out: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, ForwardKept]:
+    """:func:`chunk_gated_delta_rule`, also returning what :func:`.backward.chunk_gated_delta_rule_bwd` can take
+    instead of computing it again (:class:`ForwardKept`)."""
     plan, scale = checked_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                  output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout=state_layout, plan=plan)
@@ -146,11 +160,39 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         check_shape("out", out, v.shape, "[B, T, HV, V] like v")
         check_dense_rows("out", out)
     final = q.new_empty((num_seqs, heads_v, head_dim, head_dim), dtype=torch.float32) if output_final_state else None
-    if num_seqs:
-        with on_device(device):
-            run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
-                        use_qk_l2norm_in_kernel)
-    return out, final
+    if not num_seqs:
+        return out, final, kept_outputs(plan, q, heads_v)
+    with on_device(device):
+        kept = run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
+                           use_qk_l2norm_in_kernel)
+    return out, final, kept
+
+
+class ForwardKept(NamedTuple):
+    """What kgen's autograd keeps from the forward besides its inputs, so that the backward's recompute runs neither
+    the KKT kernel nor a split's summaries and chain (FlashQLA keeps its A, gate cumsums and split start states):
+    the KKT kernel's Tbeta (q's dtype, [chunks, HV, chunk, chunk]) and gate cumsums (fp32, log2 units,
+    [chunks, HV, chunk]), and the chain's segment start states (fp32 [summaries, HV, K, K]), or none
+    ([0, HV, K, K]: none without a split, and none kept, the backward then running the summaries and chain again)."""
+
+    tbeta: torch.Tensor
+    gamma_log2: torch.Tensor
+    start_states: torch.Tensor
+
+
+def kept_shapes(num_chunks: int, num_summaries: int, heads_v: int, head_dim: int, chunk: int
+                ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The shapes of :class:`ForwardKept`'s tensors (Tbeta and the gate cumsums one chunk's worth with no chunks
+    at all)."""
+    chunks = max(num_chunks, 1)
+    return (chunks, heads_v, chunk, chunk), (chunks, heads_v, chunk), (num_summaries, heads_v, head_dim, head_dim)
+
+
+def kept_outputs(plan: ChunkGatedDeltaRulePlan, q: torch.Tensor, heads_v: int) -> ForwardKept:
+    """Uninitialised tensors of :class:`ForwardKept` for ``plan``."""
+    tbeta, gammas, starts = kept_shapes(len(plan.chunks), plan.num_summaries, heads_v, q.shape[3], plan.schedule.chunk)
+    return ForwardKept(q.new_empty(tbeta), q.new_empty(gammas, dtype=torch.float32),
+                       q.new_empty(starts, dtype=torch.float32))
 
 
 def on_device(device: torch.device):
@@ -228,10 +270,14 @@ def kernels_for_plan(plan: ChunkGatedDeltaRulePlan, q: torch.Tensor, state_layou
 
 
 def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, scale, state_layout,
-                use_qk_l2norm_in_kernel, states: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                use_qk_l2norm_in_kernel, states: bool = False, state_residuals: torch.Tensor | None = None,
+                kept: ForwardKept | None = None) -> ForwardKept:
     """The forward's kernels on checked inputs, on q's device (the current one); returns the KKT kernel's Tbeta and
-    gate cumsums (log2 units, [chunk, HV, token]), which the backward reads again. With ``states``
-    (the backward's recompute) ``out`` is [chunks, HV, V, K] in q's dtype and receives S^T before every chunk."""
+    gate cumsums and the chain's start states (:class:`ForwardKept`), which the backward reads again; given
+    ``kept`` (those of an earlier run of the same plan and inputs), runs neither the KKT kernel nor the summaries
+    and chain. With ``states``
+    (the backward's recompute) ``out`` is [chunks, HV, V, K] in q's dtype and receives S^T before every chunk, and
+    ``state_residuals`` (uint8 FP8 codes, the same shape; or None) what rounding it to q's dtype lost."""
     device = q.device
     heads, head_dim, heads_v = q.shape[2], q.shape[3], v.shape[2]
     slice_v = plan.value_slice
@@ -241,13 +287,15 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
     num_chunks = len(plan.chunks)
     if max(num_chunks, 1) * heads_v * chunk > INT32_LIMIT:
         raise ValueError(f"q: {num_chunks} chunks x {heads_v} v-heads exceed the kernels' 32-bit row indices")
-    tbeta = torch.empty((max(num_chunks, 1), heads_v, chunk, chunk), device=device, dtype=q.dtype)
-    # Each chunk's gate cumsum (log2 units), from the KKT kernel: the recurrence's gates, and their sums the
-    # summaries' decay-bounded shortcut.
-    gamma_log2 = torch.empty((max(num_chunks, 1), heads_v, chunk), device=device, dtype=torch.float32)
+    # Tbeta, and each chunk's gate cumsum (log2 units): the recurrence's gates, and their sums the summaries'
+    # decay-bounded shortcut; the segments' start states.
+    tbeta, gamma_log2, starts = kept_outputs(plan, q, heads_v) if kept is None else kept
+    chain_again = plan.num_summaries > 0 and (kept is None or starts.shape[0] == 0)
+    if chain_again and starts.shape[0] == 0:
+        starts = q.new_empty((plan.num_summaries, heads_v, head_dim, head_dim), dtype=torch.float32)
     shortcut = plan.num_summaries > 0 and not plan.exact_split
     l2norm = int(use_qk_l2norm_in_kernel)
-    if num_chunks:
+    if num_chunks and kept is None:
         per_block = kkt_chunks_per_block(num_chunks, heads, kernels.kkt_blocks_per_sm, sm_count(device))
         kernels.kkt.launch((-(-num_chunks // per_block), heads), k=k.data_ptr(), g=g.data_ptr(), beta=beta.data_ptr(),
                     beta_is_fp32=int(beta.dtype is torch.float32), chunks=chunks.data_ptr(), num_chunks=num_chunks,
@@ -261,10 +309,9 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
              if num_chunks else (tbeta_rows,) * 4)
     maps = _descriptors.get((device.index, q.dtype, chunk) + tuple((tuple(t.shape), tuple(t.stride())) for t in tiled),
                             kernels.new_maps)
-    summaries = starts = negligible = None
-    if plan.num_summaries:
+    summaries = negligible = None
+    if chain_again:
         summaries = torch.empty((plan.num_summaries, heads_v, head_dim, 2 * head_dim), device=device, dtype=torch.float32)
-        starts = torch.empty((plan.num_summaries, heads_v, head_dim, head_dim), device=device, dtype=torch.float32)
         negligible = torch.empty((plan.num_summaries, heads_v), device=device, dtype=torch.int32)
     forward = {
         "map_q": maps.get("q", tiled[0]), "map_k": maps.get("k", tiled[1]), "map_v": maps.get("v", tiled[2]),
@@ -272,8 +319,8 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
         "tbeta": tbeta.data_ptr(), "gamma_log2": gamma_log2.data_ptr(), "segments": segments.data_ptr(),
         "cu_seqlens": 0 if cu_seqlens is None else cu_seqlens.data_ptr(),
         "cu_seqlens_is_int64": int(cu_seqlens is not None and cu_seqlens.dtype is torch.int64), "initial_state": initial,
-        "start_states": 0 if starts is None else starts.data_ptr(), "summary": 0, "negligible_summaries": 0,
-        "out": out.data_ptr(),
+        "start_states": starts.data_ptr() if plan.num_summaries else 0, "summary": 0, "negligible_summaries": 0,
+        "out": out.data_ptr(), "state_residuals": 0 if state_residuals is None else state_residuals.data_ptr(),
         "final_state": 0 if final is None else final.data_ptr(), "num_heads": heads, "num_heads_v": heads_v,
         "scale": np.float32(scale), "use_qk_l2norm": l2norm,
         "negligible_log_decay": np.float32(NEGLIGIBLE_LOG_DECAY if shortcut else -np.inf)}
@@ -282,7 +329,8 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
         kernels.summary.launch((2 * head_dim // slice_v, heads_v, len(plan.summary_segments)),
                                **{**forward, "segments": summary_segments.data_ptr(), "initial_state": 0,
                                   "start_states": 0, "summary": summaries.data_ptr(),
-                                  "negligible_summaries": negligible.data_ptr(), "out": 0, "final_state": 0})
+                                  "negligible_summaries": negligible.data_ptr(), "out": 0, "state_residuals": 0,
+                                  "final_state": 0})
         kernels.chain.launch((head_dim // kernels.chain_columns, heads_v, len(plan.chains)), summary=summaries.data_ptr(),
                       negligible_summaries=negligible.data_ptr(),
                       initial_state=initial, start_states=starts.data_ptr(), chains=chains.data_ptr(),
@@ -293,4 +341,4 @@ def run_forward(plan, q, k, v, g, beta, cu_seqlens, initial_state, out, final, s
         kernels.recurrence.launch((1, heads_v, len(plan.segments)), **forward)  # a block covers the head dim
     else:
         kernels.recurrence_slice.launch((head_dim // slice_v, heads_v, len(plan.segments)), **forward)
-    return tbeta, gamma_log2
+    return ForwardKept(tbeta, gamma_log2, starts)

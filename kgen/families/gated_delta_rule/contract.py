@@ -36,17 +36,20 @@ def _gated_delta_rule_kkt(params: Mapping[str, Any]) -> LaunchContract:
 _GDN_RECURRENCE_PARAMETERS = parameters(
     "kgen::TmaDescriptor map_q, kgen::TmaDescriptor map_k, kgen::TmaDescriptor map_v, kgen::TmaDescriptor map_tbeta, "
     "const T* q, const T* k, const T* v, const T* tbeta, const float* gamma_log2, const int* segments, "
-    "const void* cu_seqlens, long long cu_seqlens_is_int64, const float* initial_state, const float* start_states, float* summary, int* negligible_summaries, T* out, float* final_state, "
+    "const void* cu_seqlens, long long cu_seqlens_is_int64, const float* initial_state, const float* start_states, "
+    "float* summary, int* negligible_summaries, T* out, unsigned char* state_residuals, float* final_state, "
     "long long num_heads, long long num_heads_v, float scale, long long use_qk_l2norm, float negligible_log_decay")
 _GDN_REVERSE_PARAMETERS = parameters(
     "const T* q, const T* k, const float* g, const T* tbeta, const T* d_out, const float* d_final_state, "
     "const void* cu_seqlens, long long cu_seqlens_is_int64, const int* segments, const float* gamma_log2, "
-    "const float* end_states, float* summary, int* negligible_summaries, T* d_states, float* d_initial_state, "
-    "long long num_heads, long long num_heads_v, float scale, float negligible_log_decay")
+    "const float* end_states, float* summary, int* negligible_summaries, T* d_states, "
+    "unsigned char* d_state_residuals, float* d_initial_state, long long num_heads, long long num_heads_v, float scale, "
+    "float negligible_log_decay")
 _GDN_GRADS_PARAMETERS = parameters(
     "const T* q, const T* k, const T* v, const float* g, const void* beta, long long beta_is_fp32, const int* chunks, "
-    "const T* tbeta, const T* states, const T* d_states, const T* d_out, float* dq, float* dk, T* dv, float* dg, "
-    "float* dbeta, long long num_heads, long long num_heads_v, float scale")
+    "long long num_chunks, const T* tbeta, const T* states, const T* d_states, const unsigned char* state_residuals, "
+    "const unsigned char* d_state_residuals, const T* d_out, float* dq, float* dk, T* dv, float* dg, float* dbeta, "
+    "long long num_heads, long long num_heads_v, float scale")
 #: The per-chunk gradients' block: threads.
 GDN_GRADS_THREADS = 256
 #: Fields of a segment row, as the planner writes them and the recurrence reads them (recurrence.cuh's
@@ -69,17 +72,17 @@ def _chain_dynamic_smem_bytes(head_dim: int) -> int:
 
 
 def _reverse_dynamic_smem_bytes(chunk: int, head_dim: int, slice_v: int, itemsize: int) -> int:
-    """reverse.cuh's Shared: two chunks' Q, K, dO slice and Tbeta; dS'^T's 16-bit copy; dVn, the gated dO and the
-    gated Y; from a swizzle-aligned base."""
-    elements = 2 * (2 * chunk * head_dim + chunk * slice_v + chunk * chunk) + slice_v * head_dim + 3 * chunk * slice_v
+    """reverse.cuh's Shared: two chunks' Q and K; a dO slice and Tbeta; dS'^T's 16-bit copy; dVn (then the gated
+    Y); from a swizzle-aligned base."""
+    elements = 2 * 2 * chunk * head_dim + chunk * slice_v + chunk * chunk + slice_v * head_dim + chunk * slice_v
     return SWIZZLE_ALIGNMENT + elements * itemsize
 
 
 def _grads_dynamic_smem_bytes(chunk: int, head_dim: int, itemsize: int) -> int:
     """local_grads.cuh's Shared: Q, K, V, dO and two wide scratch tiles (chunk x head_dim), S^T and dS'^T (head_dim
-    x head_dim), Tbeta and T (chunk x chunk), unpadded (swizzled); two fp32 chunk x chunk scratch tiles, rows of
+    x head_dim), Tbeta, T and X (chunk x chunk), unpadded (swizzled); two fp32 chunk x chunk scratch tiles, rows of
     chunk + 4; eight per-row float vectors and a float per warp; a swizzle repeat of alignment slack."""
-    tiles = (6 * chunk * head_dim + 2 * head_dim * head_dim + 2 * chunk * chunk) * itemsize
+    tiles = (6 * chunk * head_dim + 2 * head_dim * head_dim + 3 * chunk * chunk) * itemsize
     return tiles + 2 * chunk * (chunk + 4) * 4 + (8 * chunk + GDN_GRADS_THREADS // 32) * 4 + SWIZZLE_ALIGNMENT
 
 

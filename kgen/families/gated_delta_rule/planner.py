@@ -138,6 +138,11 @@ def _recurrence(head_dim: int, tile_n: int | None) -> _Recurrence:
                        sizes["wide_value_width"])
 
 
+def chunk_tokens(head_dim: int) -> int:
+    """Tokens per chunk of the spec's recurrence at ``head_dim``."""
+    return _recurrence(head_dim, None).chunk
+
+
 def plan_chunk_gated_delta_rule(cu_seqlens, *, num_heads_v: int, head_dim: int = 128, num_sms: int | None = None,
                                 tile_n: int | None = None, segment_chunks: int | None = None,
                                 device: torch.device | str | None = None, exact_split: bool = False
