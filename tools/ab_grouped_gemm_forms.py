@@ -5,6 +5,7 @@ FP8's 128 x 128 tile (tests/specs/grouped_gemm_fp8_narrow) and its 128 x 256 til
 two trees' kgen on PYTHONPATH, it is an A/B of the trees (the first JSON line names the kgen it imported).
 
     python3 tools/ab_grouped_gemm_forms.py [--rounds 2] [--tokens 4096,32768] [--routing balanced,zipf] [--forms a,b]
+                                           [--calls bf16,fp8,swiglu_fp8_out]
 
 Each JSON line: round, form, case, bf16 / fused SwiGLU+FP8 / FP8 TFLOP/s (bench/common.time_cuda, L2 flushed), and
 the largest difference of the form's results from the first form's (a form that computes the same products in
@@ -60,12 +61,13 @@ def shape_inputs(experts: int, n: int, k: int, tokens: int, routing: str) -> dic
             "flops": 2 * rows * n * k}
 
 
-def measure(x: dict, gate_up: bool) -> tuple[dict, dict]:
-    """TFLOP/s of each call, and its results."""
+def measure(x: dict, gate_up: bool, names: list[str]) -> tuple[dict, dict]:
+    """TFLOP/s of each call named, and its results."""
     calls = {"bf16": lambda: grouped_gemm(x["a"], x["b"], x["offs"]),
              "fp8": lambda: grouped_gemm(x["a8"], x["b8"], x["offs"], a_scale=x["a_scale"], b_scale=x["b_scale"])}
     if gate_up:  # b as stacked gate and up rows: the output has half the columns, the same FLOPs
         calls["swiglu_fp8_out"] = lambda: grouped_gemm_swiglu(x["a"], x["b"], x["offs"], quantize_out=True)[0]
+    calls = {name: call for name, call in calls.items() if name in names}
     results = {name: call() for name, call in calls.items()}
     speeds = {name: round(x["flops"] / time_cuda(call, warmup_ms=50, rep_ms=300) / 1e9, 1) for name, call in calls.items()}
     return speeds, results
@@ -77,6 +79,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="4096,32768")
     parser.add_argument("--routing", default="balanced")
     parser.add_argument("--forms", default=",".join(FORMS), help="the forms to run, in the first round's order")
+    parser.add_argument("--calls", default="bf16,fp8,swiglu_fp8_out", help="the ops to time (SwiGLU's at gate+up only)")
     args = parser.parse_args()
     forms = args.forms.split(",")
     print(json.dumps({"kgen": kgen.__file__}), flush=True)  # which tree an A/B of trees measured
@@ -90,7 +93,7 @@ def main() -> None:
                     order = forms if round_ % 2 == 0 else forms[::-1]
                     for form in order:
                         with taking(form):
-                            speeds, results = measure(x, projection == "gate+up")
+                            speeds, results = measure(x, projection == "gate+up", args.calls.split(","))
                         if reference is None:  # the first form measured: forms[0] in round 0
                             reference = results
                         differs = {name: float((results[name].float() - reference[name].float()).abs().nan_to_num(0).max())

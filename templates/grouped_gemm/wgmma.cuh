@@ -42,6 +42,11 @@ constexpr int kStagingBytes = kTileM * (kOutRowBytes + (kQuantize ? kFp8RowBytes
 constexpr int kDynamicSmemBytes = kgen::kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes + kStagingBytes;
 // The producer only issues copies; the consumers hold kBRows / 2 accumulators each.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+// FP8 with two consumer warpgroups: they take turns issuing their products (FA3's scheduler barriers: named barrier
+// kIssueTurn + g is warpgroup g's turn), so one warpgroup waits for and scales its block while the tensor core runs
+// the other's. Issued together, their products end together and both scale while the tensor core idles.
+constexpr bool kTakeTurns = kFp8 && kConsumerGroups == 2;
+constexpr int kIssueTurn = 1;  // barrier 0 is __syncthreads'
 
 static_assert(kTileM == 64 || kTileM == 128, "grouped_gemm: with mma=wgmma, tile_m must be 64 or 128 (a consumer warpgroup per 64 rows)");
 static_assert({{ num_warps }} == kConsumerWarps, "grouped_gemm: with mma=wgmma, num_warps counts the consumer warps and must be tile_m / 16");
@@ -233,11 +238,16 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     unsigned char* const out_rows = smem_bytes + (smem - kgen::smem_addr(smem_bytes)) + kStages * kStageBytes + kBarrierBytes;
     [[maybe_unused]] unsigned char* const fp8_rows = out_rows + kTileM * kOutRowBytes;
     float acc[kBRows / 8][4];  // set by each tile's first product (FP8: zeroed at its start), or zeros below for K = 0
+    constexpr int kTurnThreads = 2 * kgen::kWarpgroupThreads;
+    if (kTakeTurns && group == 1) kgen::named_barrier_arrive(kIssueTurn, kTurnThreads);  // warpgroup 0 goes first
     for (int step = 0;; ) {
         const int first_stage = step % kStages;
         kgen::mbarrier_wait(barriers.full(first_stage), (step / kStages) & 1);
         const BlockTile tile = stage_tiles[first_stage];
         if (tile.owner.expert < 0) {
+            // Both warpgroups issue the same number of products, warpgroup 1 last: warpgroup 0 takes its last
+            // hand-over, so both barriers end complete.
+            if (kTakeTurns && group == 0) kgen::named_barrier_sync(kIssueTurn, kTurnThreads);
             leave();
             return;
         }
@@ -301,6 +311,7 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                 for (int column_block = 0; column_block < kColumnBlocks; ++column_block) {
                     float part[kScaleBlock / 8][4];
                     kgen::fence_operands(acc);  // the last block's additions stay before these products' issue
+                    if constexpr (kTakeTurns) kgen::named_barrier_sync(kIssueTurn + group, kTurnThreads);
                     kgen::wgmma_fence();
 #pragma unroll
                     for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too
@@ -309,6 +320,7 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                         else kgen::wgmma_ss<kScaleBlock, 0>(part, a_descriptor + 2 * kk, b_block, kk > 0);
                     }
                     kgen::wgmma_commit();
+                    if constexpr (kTakeTurns) kgen::named_barrier_arrive(kIssueTurn + (group ^ 1), kTurnThreads);
                     kgen::wgmma_wait<0>();
                     kgen::fence_operands(part);
                     if (column_block == kColumnBlocks - 1 && lane == 0) release(stage);
