@@ -5,7 +5,7 @@ FP8's 128 x 128 tile (tests/specs/grouped_gemm_fp8_narrow) and its 128 x 256 til
 two trees' kgen on PYTHONPATH, it is an A/B of the trees (the first JSON line names the kgen it imported).
 
     python3 tools/ab_grouped_gemm_forms.py [--rounds 2] [--tokens 4096,32768] [--routing balanced,zipf] [--forms a,b]
-                                           [--calls bf16,fp8,swiglu_fp8_out]
+                                           [--calls bf16,fp8,swiglu_fp8_out] [--folder NAME=SPEC_FOLDER ...]
 
 Each JSON line: round, form, case, bf16 / fused SwiGLU+FP8 / FP8 TFLOP/s (bench/common.time_cuda, L2 flushed), and
 the largest difference of the form's results from the first form's (a form that computes the same products in
@@ -80,7 +80,12 @@ def main() -> None:
     parser.add_argument("--routing", default="balanced")
     parser.add_argument("--forms", default=",".join(FORMS), help="the forms to run, in the first round's order")
     parser.add_argument("--calls", default="bf16,fp8,swiglu_fp8_out", help="the ops to time (SwiGLU's at gate+up only)")
+    parser.add_argument("--folder", action="append", default=[], metavar="NAME=SPEC_FOLDER",
+                        help="one more form: a spec folder put ahead of the built-in one (repeatable)")
     args = parser.parse_args()
+    for extra in args.folder:
+        name, _, folder = extra.partition("=")
+        FORMS[name] = (Path(folder).resolve(), None)
     forms = args.forms.split(",")
     print(json.dumps({"kgen": kgen.__file__}), flush=True)  # which tree an A/B of trees measured
     for model, projection, experts, n, k in LAYERS:

@@ -45,7 +45,10 @@ constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 // FP8 with two consumer warpgroups: they take turns issuing their products (FA3's scheduler barriers: named barrier
 // kIssueTurn + g is warpgroup g's turn), so one warpgroup waits for and scales its block while the tensor core runs
 // the other's. Issued together, their products end together and both scale while the tensor core idles.
-constexpr bool kTakeTurns = kFp8 && kConsumerGroups == 2;
+constexpr bool kTakeTurns = kFp8 && kConsumerGroups == 2 && kColumnBlocks > 1;
+// FP8 on one column block: the part accumulators come in two sets, so a warpgroup issues K block k + 1's products
+// before it waits for and scales block k's (64 + 2 x 64 registers); the tensor core never waits for a promotion.
+constexpr bool kPipelinedParts = kFp8 && kColumnBlocks == 1;
 constexpr int kIssueTurn = 1;  // barrier 0 is __syncthreads'
 
 static_assert(kTileM == 64 || kTileM == 128, "grouped_gemm: with mma=wgmma, tile_m must be 64 or 128 (a consumer warpgroup per 64 rows)");
@@ -279,7 +282,63 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                 for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
             if (k_tiles > 0) load_scales();
         }
-        for (int kt = 0; kt < k_tiles; ++kt, ++step) {
+        if constexpr (kPipelinedParts) {
+            float parts[2][kScaleBlock / 8][4];
+            float part_scales[2][3];  // the block in parts[i]: its rows' scales of a, and b's
+            const int first_step = step;
+            // K block kt's products into `part`, once its stage has landed.
+            const auto issue = [&](float (&part)[kScaleBlock / 8][4], float (&scales)[3], int kt) {
+                const int stage = (first_step + kt) % kStages;
+                const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
+                const unsigned long long a_descriptor = kgen::k_major_descriptor(stage_a), b_descriptor = kgen::k_major_descriptor(stage_b);
+                kgen::mbarrier_wait(barriers.full(stage), ((first_step + kt) / kStages) & 1);
+                scales[0] = next_a_low, scales[1] = next_a_high, scales[2] = next_b_blocks[0];
+                if (kt + 1 < k_tiles) load_scales();
+                kgen::fence_operands(part);  // the part's last scaling stays before these products' issue
+                kgen::wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {
+                    kgen::wgmma_ss<kScaleBlock, 0>(part, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kk > 0);
+                }
+                kgen::wgmma_commit();
+            };
+            // K block kt's products, done, scaled into the result; its stage released.
+            const auto promote = [&](float (&part)[kScaleBlock / 8][4], const float (&scales)[3], int kt) {
+                kgen::fence_operands(part);
+                if (lane == 0) release((first_step + kt) % kStages);
+                const float scale[2] = {scales[0] * scales[2], scales[1] * scales[2]};
+#pragma unroll
+                for (int j = 0; j < kScaleBlock / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[j][e] = fmaf(part[j][e], scale[e / 2], acc[j][e]);
+            };
+            // Every path that goes round again has issued both sets, and each exit waits for all: a set issued on
+            // one path only makes ptxas serialise every product (C7514).
+            if (k_tiles > 0) {
+                issue(parts[0], part_scales[0], 0);
+                for (int kt = 0;; kt += 2) {
+                    if (kt + 1 == k_tiles) {
+                        kgen::wgmma_wait<0>();
+                        promote(parts[0], part_scales[0], kt);
+                        break;
+                    }
+                    issue(parts[1], part_scales[1], kt + 1);
+                    kgen::wgmma_wait<1>();
+                    promote(parts[0], part_scales[0], kt);
+                    if (kt + 2 == k_tiles) {
+                        kgen::wgmma_wait<0>();
+                        promote(parts[1], part_scales[1], kt + 1);
+                        break;
+                    }
+                    issue(parts[0], part_scales[0], kt + 2);
+                    kgen::wgmma_wait<1>();
+                    promote(parts[1], part_scales[1], kt + 1);
+                }
+            }
+            step += k_tiles;
+        }
+        // (The pipelined parts above took every K block.)
+        for (int kt = 0; kt < (kPipelinedParts ? 0 : k_tiles); ++kt, ++step) {
             const int stage = step % kStages;
             const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
             // A k step moves 32 bytes inside the swizzled rows: 2 in a descriptor's start field (address / 16),
