@@ -22,7 +22,7 @@
 namespace {
 
 constexpr int kConsumerGroups = kTileM / 64;  // a warpgroup per 64 rows
-constexpr int kConsumerWarps = kConsumerGroups * 4;
+constexpr int kConsumerWarps = kConsumerGroups * 4, kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = (kConsumerGroups + 1) * kgen::kWarpgroupThreads;
 constexpr int kBoxRows = 128;                      // rows of one TMA box (the host's maps)
 constexpr int kRowBytes = kTileK * static_cast<int>(sizeof(TIn));
@@ -42,14 +42,12 @@ constexpr int kStagingBytes = kTileM * (kOutRowBytes + (kQuantize ? kFp8RowBytes
 constexpr int kDynamicSmemBytes = kgen::kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes + kStagingBytes;
 // The producer only issues copies; the consumers hold kBRows / 2 accumulators each.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
-// FP8 with two consumer warpgroups: they take turns issuing their products (FA3's scheduler barriers: named barrier
-// kIssueTurn + g is warpgroup g's turn), so one warpgroup waits for and scales its block while the tensor core runs
-// the other's. Issued together, their products end together and both scale while the tensor core idles.
-constexpr bool kTakeTurns = kFp8 && kConsumerGroups == 2 && kColumnBlocks > 1;
-// FP8 on one column block: the part accumulators come in two sets, so a warpgroup issues K block k + 1's products
-// before it waits for and scales block k's (64 + 2 x 64 registers); the tensor core never waits for a promotion.
-constexpr bool kPipelinedParts = kFp8 && kColumnBlocks == 1;
-constexpr int kIssueTurn = 1;  // barrier 0 is __syncthreads'
+// Two consumer warpgroups start each tile's products kSkewSteps K steps apart (warpgroup 1 waits at named barrier
+// kSkewBarrier for warpgroup 0): in step, both would end a tile together and store it while the tensor core idles;
+// apart, one's epilogue runs beside the other's last products. Warpgroup 0 can lead by fewer steps than there are
+// stages only: the steps it waits for were released by warpgroup 1 before it waits in turn.
+constexpr int kSkewSteps = 2, kSkewBarrier = 1;  // barrier 0 is __syncthreads'
+static_assert(kSkewSteps < kStages, "grouped_gemm: the warpgroups' skew needs more stages than skew steps");
 
 static_assert(kTileM == 64 || kTileM == 128, "grouped_gemm: with mma=wgmma, tile_m must be 64 or 128 (a consumer warpgroup per 64 rows)");
 static_assert({{ num_warps }} == kConsumerWarps, "grouped_gemm: with mma=wgmma, num_warps counts the consumer warps and must be tile_m / 16");
@@ -241,16 +239,16 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     unsigned char* const out_rows = smem_bytes + (smem - kgen::smem_addr(smem_bytes)) + kStages * kStageBytes + kBarrierBytes;
     [[maybe_unused]] unsigned char* const fp8_rows = out_rows + kTileM * kOutRowBytes;
     float acc[kBRows / 8][4];  // set by each tile's first product (FP8: zeroed at its start), or zeros below for K = 0
-    constexpr int kTurnThreads = 2 * kgen::kWarpgroupThreads;
-    if (kTakeTurns && group == 1) kgen::named_barrier_arrive(kIssueTurn, kTurnThreads);  // warpgroup 0 goes first
+    // Skewed where every tile has at least kStages K steps: then warpgroup 0 cannot reach the next tile's hand-over
+    // before warpgroup 1 has taken this tile's (one arrival a tile pending at most).
+    // The K step at whose start this warpgroup hands over (0) or waits (1), or none.
+    // FP8 has no registers to spare for it (it spills).
+    const int skew_step = !kFp8 && kConsumerGroups == 2 && k_tiles >= kStages ? (group == 0 ? kSkewSteps : 0) : -1;
     for (int step = 0;; ) {
         const int first_stage = step % kStages;
         kgen::mbarrier_wait(barriers.full(first_stage), (step / kStages) & 1);
         const BlockTile tile = stage_tiles[first_stage];
         if (tile.owner.expert < 0) {
-            // Both warpgroups issue the same number of products, warpgroup 1 last: warpgroup 0 takes its last
-            // hand-over, so both barriers end complete.
-            if (kTakeTurns && group == 0) kgen::named_barrier_sync(kIssueTurn, kTurnThreads);
             leave();
             return;
         }
@@ -282,63 +280,11 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                 for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
             if (k_tiles > 0) load_scales();
         }
-        if constexpr (kPipelinedParts) {
-            float parts[2][kScaleBlock / 8][4];
-            float part_scales[2][3];  // the block in parts[i]: its rows' scales of a, and b's
-            const int first_step = step;
-            // K block kt's products into `part`, once its stage has landed.
-            const auto issue = [&](float (&part)[kScaleBlock / 8][4], float (&scales)[3], int kt) {
-                const int stage = (first_step + kt) % kStages;
-                const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
-                const unsigned long long a_descriptor = kgen::k_major_descriptor(stage_a), b_descriptor = kgen::k_major_descriptor(stage_b);
-                kgen::mbarrier_wait(barriers.full(stage), ((first_step + kt) / kStages) & 1);
-                scales[0] = next_a_low, scales[1] = next_a_high, scales[2] = next_b_blocks[0];
-                if (kt + 1 < k_tiles) load_scales();
-                kgen::fence_operands(part);  // the part's last scaling stays before these products' issue
-                kgen::wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {
-                    kgen::wgmma_ss<kScaleBlock, 0>(part, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kk > 0);
-                }
-                kgen::wgmma_commit();
-            };
-            // K block kt's products, done, scaled into the result; its stage released.
-            const auto promote = [&](float (&part)[kScaleBlock / 8][4], const float (&scales)[3], int kt) {
-                kgen::fence_operands(part);
-                if (lane == 0) release((first_step + kt) % kStages);
-                const float scale[2] = {scales[0] * scales[2], scales[1] * scales[2]};
-#pragma unroll
-                for (int j = 0; j < kScaleBlock / 8; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[j][e] = fmaf(part[j][e], scale[e / 2], acc[j][e]);
-            };
-            // Every path that goes round again has issued both sets, and each exit waits for all: a set issued on
-            // one path only makes ptxas serialise every product (C7514).
-            if (k_tiles > 0) {
-                issue(parts[0], part_scales[0], 0);
-                for (int kt = 0;; kt += 2) {
-                    if (kt + 1 == k_tiles) {
-                        kgen::wgmma_wait<0>();
-                        promote(parts[0], part_scales[0], kt);
-                        break;
-                    }
-                    issue(parts[1], part_scales[1], kt + 1);
-                    kgen::wgmma_wait<1>();
-                    promote(parts[0], part_scales[0], kt);
-                    if (kt + 2 == k_tiles) {
-                        kgen::wgmma_wait<0>();
-                        promote(parts[1], part_scales[1], kt + 1);
-                        break;
-                    }
-                    issue(parts[0], part_scales[0], kt + 2);
-                    kgen::wgmma_wait<1>();
-                    promote(parts[1], part_scales[1], kt + 1);
-                }
+        for (int kt = 0; kt < k_tiles; ++kt, ++step) {
+            if (kt == skew_step) {
+                if (group == 0) kgen::named_barrier_arrive(kSkewBarrier, kConsumerThreads);
+                else kgen::named_barrier_sync(kSkewBarrier, kConsumerThreads);
             }
-            step += k_tiles;
-        }
-        // (The pipelined parts above took every K block.)
-        for (int kt = 0; kt < (kPipelinedParts ? 0 : k_tiles); ++kt, ++step) {
             const int stage = step % kStages;
             const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
             // A k step moves 32 bytes inside the swizzled rows: 2 in a descriptor's start field (address / 16),
@@ -370,7 +316,6 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                 for (int column_block = 0; column_block < kColumnBlocks; ++column_block) {
                     float part[kScaleBlock / 8][4];
                     kgen::fence_operands(acc);  // the last block's additions stay before these products' issue
-                    if constexpr (kTakeTurns) kgen::named_barrier_sync(kIssueTurn + group, kTurnThreads);
                     kgen::wgmma_fence();
 #pragma unroll
                     for (int kk = 0; kk < kTileK / kgen::kWgmmaK; ++kk) {  // a k32 step moves 32 bytes too
@@ -379,7 +324,6 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
                         else kgen::wgmma_ss<kScaleBlock, 0>(part, a_descriptor + 2 * kk, b_block, kk > 0);
                     }
                     kgen::wgmma_commit();
-                    if constexpr (kTakeTurns) kgen::named_barrier_arrive(kIssueTurn + (group ^ 1), kTurnThreads);
                     kgen::wgmma_wait<0>();
                     kgen::fence_operands(part);
                     if (column_block == kColumnBlocks - 1 && lane == 0) release(stage);
