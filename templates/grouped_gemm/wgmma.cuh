@@ -22,7 +22,7 @@
 namespace {
 
 constexpr int kConsumerGroups = kTileM / 64;  // a warpgroup per 64 rows
-constexpr int kConsumerWarps = kConsumerGroups * 4, kConsumerThreads = kConsumerWarps * 32;
+constexpr int kConsumerWarps = kConsumerGroups * 4;
 constexpr int kThreads = (kConsumerGroups + 1) * kgen::kWarpgroupThreads;
 constexpr int kBoxRows = 128;                      // rows of one TMA box (the host's maps)
 constexpr int kRowBytes = kTileK * static_cast<int>(sizeof(TIn));
@@ -42,12 +42,6 @@ constexpr int kStagingBytes = kTileM * (kOutRowBytes + (kQuantize ? kFp8RowBytes
 constexpr int kDynamicSmemBytes = kgen::kSwizzleAlignment + kStages * kStageBytes + kBarrierBytes + kStagingBytes;
 // The producer only issues copies; the consumers hold kBRows / 2 accumulators each.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
-// Two consumer warpgroups start each tile's products kSkewSteps K steps apart (warpgroup 1 waits at named barrier
-// kSkewBarrier for warpgroup 0): in step, both would end a tile together and store it while the tensor core idles;
-// apart, one's epilogue runs beside the other's last products. Warpgroup 0 can lead by fewer steps than there are
-// stages only: the steps it waits for were released by warpgroup 1 before it waits in turn.
-constexpr int kSkewSteps = 2, kSkewBarrier = 1;  // barrier 0 is __syncthreads'
-static_assert(kSkewSteps < kStages, "grouped_gemm: the warpgroups' skew needs more stages than skew steps");
 
 static_assert(kTileM == 64 || kTileM == 128, "grouped_gemm: with mma=wgmma, tile_m must be 64 or 128 (a consumer warpgroup per 64 rows)");
 static_assert({{ num_warps }} == kConsumerWarps, "grouped_gemm: with mma=wgmma, num_warps counts the consumer warps and must be tile_m / 16");
@@ -239,11 +233,6 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
     unsigned char* const out_rows = smem_bytes + (smem - kgen::smem_addr(smem_bytes)) + kStages * kStageBytes + kBarrierBytes;
     [[maybe_unused]] unsigned char* const fp8_rows = out_rows + kTileM * kOutRowBytes;
     float acc[kBRows / 8][4];  // set by each tile's first product (FP8: zeroed at its start), or zeros below for K = 0
-    // Skewed where every tile has at least kStages K steps: then warpgroup 0 cannot reach the next tile's hand-over
-    // before warpgroup 1 has taken this tile's (one arrival a tile pending at most).
-    // The K step at whose start this warpgroup hands over (0) or waits (1), or none.
-    // FP8 has no registers to spare for it (it spills).
-    const int skew_step = !kFp8 && kConsumerGroups == 2 && k_tiles >= kStages ? (group == 0 ? kSkewSteps : 0) : -1;
     for (int step = 0;; ) {
         const int first_stage = step % kStages;
         kgen::mbarrier_wait(barriers.full(first_stage), (step / kStages) & 1);
@@ -281,10 +270,6 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
             if (k_tiles > 0) load_scales();
         }
         for (int kt = 0; kt < k_tiles; ++kt, ++step) {
-            if (kt == skew_step) {
-                if (group == 0) kgen::named_barrier_arrive(kSkewBarrier, kConsumerThreads);
-                else kgen::named_barrier_sync(kSkewBarrier, kConsumerThreads);
-            }
             const int stage = step % kStages;
             const unsigned stage_a = smem + stage * kStageBytes + group * 64 * kRowBytes, stage_b = smem + stage * kStageBytes + kABytes;
             // A k step moves 32 bytes inside the swizzled rows: 2 in a descriptor's start field (address / 16),
