@@ -21,7 +21,9 @@ FP8 (sm_90a): the same a and b quantized with DeepGEMM's block scales (a by kgen
 b by tests/fp8_blocks.py), kgen's TFLOP/s
 against ``torch._scaled_grouped_mm`` (its own recipe: row-wise scales of a, per-column ones of b) where it runs;
 kgen's result checked against float64 of the dequantized inputs on the first experts' rows. Bars: >= 1.0x
-torch's scaled grouped GEMM, and >= 1000 TFLOP/s at the prefill shapes.
+torch's scaled grouped GEMM, and >= 1000 TFLOP/s at the prefill shapes. The FP8 counterpart of the dense column:
+``torch._scaled_mm`` of one dense [M, K] x [K, N] of the same FLOPs with one scale a tensor (cuBLASLt's plainest
+FP8 GEMM), what this card sustains at the shape's M, N and K when the weights are no concern.
 
     PYTHONPATH=. python3 bench/bench_grouped_gemm.py [--out DIR]
 """
@@ -59,8 +61,10 @@ COLUMNS = [("case", "case", None), ("kgen_tflops", "kgen TFLOP/s", ".0f"), ("tor
            ("decode_us", "decode us", ".1f"), ("weights_floor_us", "weights at copy bandwidth us", ".1f"),
            ("over_floor", "decode / weights floor", ".2f"), ("fp8_tflops", "kgen FP8 TFLOP/s", ".0f"),
            ("scaled_tflops", "torch scaled grouped TFLOP/s", ".0f"), ("fp8_over_scaled", "kgen FP8 / torch scaled", ".2f"),
-           ("fp8_rel_rms", "kgen FP8 vs float64 rel RMS", ".1e"), ("torch_status", "torch grouped", None),
-           ("swiglu_status", "unfused SwiGLU peer", None), ("scaled_status", "torch scaled grouped", None)]
+           ("fp8_dense_tflops", "dense FP8 mm (one B) TFLOP/s", ".0f"), ("fp8_rel_rms", "kgen FP8 vs float64 rel RMS", ".1e"),
+           ("torch_status", "torch grouped", None),
+           ("swiglu_status", "unfused SwiGLU peer", None), ("scaled_status", "torch scaled grouped", None),
+           ("fp8_dense_status", "dense FP8 mm", None)]
 #: Experts whose rows check kgen's FP8 result against float64 (all of them would take tens of GB in float64).
 FP8_CHECKED_EXPERTS = 4
 FP8_BAR_TFLOPS = 1000.0
@@ -178,7 +182,23 @@ def fp8_columns(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, flops: flo
         result["fp8_over_scaled"] = result["fp8_tflops"] / result["scaled_tflops"]
     except Exception as exc:  # a peer's failure is reported, not fatal
         result["scaled_status"] = f"failed: {type(exc).__name__}: {exc}"[:200]
+    result.update(fp8_dense_column(a, b[0], flops))
     return result
+
+
+def fp8_dense_column(a: torch.Tensor, b0: torch.Tensor, flops: float) -> dict[str, Any]:
+    """One dense FP8 GEMM of the same FLOPs (a against the first expert's weights), per-tensor scales."""
+    dense = getattr(torch, "_scaled_mm", None)
+    if dense is None:
+        return {"fp8_dense_status": "unavailable in this torch"}
+    try:  # a peer's failure is reported, not fatal
+        a_codes, b_codes = a.to(FP8), b0.to(FP8)  # [M, K] row-major, [N, K] row-major: its transpose is column-major
+        one = torch.ones((), dtype=torch.float32, device=a.device)
+        call = lambda: dense(a_codes, b_codes.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        call()
+        return {"fp8_dense_tflops": flops / time_cuda(call, warmup_ms=50, rep_ms=200) / 1e9, "fp8_dense_status": "ok"}
+    except Exception as exc:
+        return {"fp8_dense_status": f"failed: {type(exc).__name__}: {exc}"[:200]}
 
 
 def copy_bandwidth() -> float:

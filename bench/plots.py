@@ -131,7 +131,10 @@ def grouped_bf16_panel(ax, prefill: list[dict]) -> None:
 
 
 def grouped_fp8_panel(ax, prefill: list[dict]) -> None:
-    tflops_bars(ax, prefill, [("fp8_tflops", "kgen FP8 (block scales)"), ("scaled_tflops", "torch _scaled_grouped_mm")])
+    series = [("fp8_tflops", "kgen FP8 (block scales)"), ("scaled_tflops", "torch _scaled_grouped_mm")]
+    if any("fp8_dense_tflops" in row for row in prefill):  # older runs lack it
+        series.append(("fp8_dense_tflops", "dense cuBLAS FP8 mm, same FLOPs"))
+    tflops_bars(ax, prefill, series)
     ax.axhline(1000, color="red", linewidth=1, label="bar 1000 TFLOP/s (issue 26)")
     ax.set_title("grouped GEMM FP8, top-8")
     ax.legend(fontsize=7, loc="upper left", ncols=3)
