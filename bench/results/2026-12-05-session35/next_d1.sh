@@ -1,5 +1,5 @@
 # Session 36 call 1 (run from main's checkout; trees in .ab3/s36: old = main's kernels (5b70cee's template),
-# skew = wip/gemm-skew 01cc8f1 (16-bit warpgroups two K steps apart), both = wip/gemm-both ae56f99 (skew and the
+# skew = wip/gemm-skew 01cc8f1 (16-bit warpgroups two K steps apart), both = wip/gemm-both (ae56f99 and a comment) (skew and the
 # SwiGLU epilogue's __fdividef)). Builds; A/B ABCCBA over processes in bf16 and the fused SwiGLU+FP8, balanced
 # and Zipf; GPU grouped GEMM tests and MoE sanitizers on `both`.
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
