@@ -83,6 +83,23 @@ def test_every_group_against_float64(sizes, spare, n, k, dtype, seed):
     check(a, b, offs_host, out, range(grouped, rows))
 
 
+def test_blocks_that_take_many_tiles_with_a_long_k():
+    # More tiles than the H200's 132 SMs (272), so each persistent block takes several in turn, and K of nine steps
+    # with a tail: what the consumer warpgroups meet from one tile to the next. A hypothesis case above takes a
+    # few tiles and K up to 200.
+    sizes, spare, n, k = [513, 0, 700, 129, 400], 9, 4096, 520
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    grouped = sum(sizes)
+    rows = grouped + spare
+    a = torch.randn(rows, k, generator=gen, device="cuda").to(torch.bfloat16)
+    a[grouped:] = float("nan")
+    b = torch.randn(len(sizes), n, k, generator=gen, device="cuda").to(torch.bfloat16)
+    offs_host = torch.tensor(sizes).cumsum(0).tolist()
+    out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    kgen.ops.grouped_gemm(a, b, torch.tensor(offs_host, dtype=torch.int32, device="cuda"), out=out)
+    check(a, b, offs_host, out, range(grouped, rows))
+
+
 def test_a_zero_depth_gives_zeros_in_the_groups_rows():
     a, b = torch.empty(5, 0, device="cuda", dtype=torch.bfloat16), torch.empty(2, 16, 0, device="cuda", dtype=torch.bfloat16)
     out = torch.full((5, 16), float("nan"), device="cuda", dtype=torch.bfloat16)

@@ -165,6 +165,11 @@ def grouped_gemms() -> None:
             b = torch.randn((3, n, k), device="cuda", dtype=dtype)
             grouped_gemm(torch.randn((140, k), device="cuda", dtype=dtype), b,
                          torch.tensor(offs, dtype=torch.int32, device="cuda"))
+    # More tiles than SMs (152 of 256 columns), so persistent blocks take several in turn, with K of five steps and
+    # a tail: one tile's end beside the next one's start.
+    grouped_gemm(torch.randn((2100, 264), device="cuda", dtype=torch.bfloat16),
+                 torch.randn((3, 2048, 264), device="cuda", dtype=torch.bfloat16),
+                 torch.tensor([900, 1300, 2100], dtype=torch.int32, device="cuda"))
     # The masked layout (masked_m clamped into [0, M_max]), plain and quantized SwiGLU.
     masked_m = torch.tensor([3, 0, 200, -1], dtype=torch.int32, device="cuda")
     grouped_gemm(torch.randn((4, 150, 64), device="cuda", dtype=torch.bfloat16),
