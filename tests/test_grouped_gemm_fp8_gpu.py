@@ -75,7 +75,7 @@ def test_the_op_launches_the_tile_under_test(fp8_spec_path):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sizes=st.lists(st.sampled_from([0, 1, 7, 64, 127, 128, 129, 300]), min_size=1, max_size=6),
-       spare=st.integers(0, 40), n=st.sampled_from([128, 256, 384]), k=st.sampled_from([128, 256, 640]),
+       spare=st.integers(0, 40), n=st.sampled_from([128, 256, 384]), k=st.sampled_from([128, 256, 384, 512, 640]),
        mn_major=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_every_group_against_float64_of_the_dequantized_inputs(sizes, spare, n, k, mn_major, seed):
     a, a_scale, b, b_scale, offs_host = make_case(sizes, spare, n, k, seed)

@@ -66,7 +66,7 @@ def test_the_op_launches_the_form_under_test(kernel):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sizes=st.lists(st.sampled_from([0, 1, 7, 64, 127, 128, 129, 300]), min_size=1, max_size=6),
-       spare=st.integers(0, 40), n=st.sampled_from([8, 64, 136, 256]), k=st.sampled_from([8, 40, 128, 200]),
+       spare=st.integers(0, 40), n=st.sampled_from([8, 64, 136, 256]), k=st.sampled_from([8, 40, 128, 192, 200, 320]),
        dtype=st.sampled_from(sorted(DTYPES)), seed=st.integers(0, 2**31 - 1))
 def test_every_group_against_float64(sizes, spare, n, k, dtype, seed):
     torch_dtype = DTYPES[dtype][0]

@@ -100,7 +100,7 @@ def check_quantized(out, x_fp8, scales, grouped: int) -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sizes=st.lists(st.sampled_from(SIZES), min_size=1, max_size=6), spare=st.integers(0, 40),
-       inter=st.sampled_from([8, 64, 128, 200]), depth=st.sampled_from([8, 40, 128, 200]),
+       inter=st.sampled_from([8, 64, 128, 200]), depth=st.sampled_from([8, 40, 128, 192, 200, 320]),
        dtype=st.sampled_from(sorted(DTYPES)), seed=st.integers(0, 2**31 - 1))
 def test_every_group_against_float64(sizes, spare, inter, depth, dtype, seed):
     a, b_gate_up, offs_host, offs = random_case(sizes, spare, inter, depth, DTYPES[dtype][0], seed)
@@ -111,7 +111,7 @@ def test_every_group_against_float64(sizes, spare, inter, depth, dtype, seed):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sizes=st.lists(st.sampled_from(SIZES), min_size=1, max_size=6), spare=st.integers(0, 40),
-       inter=st.sampled_from([128, 256, 384]), depth=st.sampled_from([8, 40, 128, 200]),
+       inter=st.sampled_from([128, 256, 384]), depth=st.sampled_from([8, 40, 128, 192, 200, 320]),
        dtype=st.sampled_from(sorted(DTYPES)), seed=st.integers(0, 2**31 - 1))
 def test_quantize_out_is_the_quantizer_of_out(sizes, spare, inter, depth, dtype, seed):
     a, b_gate_up, offs_host, offs = random_case(sizes, spare, inter, depth, DTYPES[dtype][0], seed)

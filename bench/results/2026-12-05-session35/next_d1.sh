@@ -1,5 +1,5 @@
 # Session 36 call 1 (run from main's checkout; trees in .ab3/s36: old = main's kernels (5b70cee's template),
-# skew = wip/gemm-skew 01cc8f1 (16-bit warpgroups two K steps apart), both = wip/gemm-both 6fc0e8e (skew and the
+# skew = wip/gemm-skew 01cc8f1 (16-bit warpgroups two K steps apart), both = wip/gemm-both 5dfb181 (skew and the
 # SwiGLU epilogue's __fdividef)). Builds; A/B ABCCBA over processes in bf16 and the fused SwiGLU+FP8, balanced and
 # Zipf. About 400 s. Then d1b.sh at once (the machine stays warm 30 s).
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null

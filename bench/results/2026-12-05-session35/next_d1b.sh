@@ -1,4 +1,4 @@
-# Session 36 call 1b (right after d1.sh): fp8ss = wip/fp8-ss 1882452 (both, with FP8's A from shared memory and the
+# Session 36 call 1b (right after d1.sh): fp8ss = wip/fp8-ss 9cfcaf2 (both, with FP8's A from shared memory and the
 # skew in FP8 too). FP8 A/B ABBA of old and fp8ss, balanced; main's GPU grouped GEMM tests and the MoE sanitizers
 # on fp8ss (it holds every change). About 250 s.
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
