@@ -21,7 +21,9 @@ FP8 (sm_90a): the same a and b quantized with DeepGEMM's block scales (a by kgen
 b by tests/fp8_blocks.py), kgen's TFLOP/s
 against ``torch._scaled_grouped_mm`` (its own recipe: row-wise scales of a, per-column ones of b) where it runs;
 kgen's result checked against float64 of the dequantized inputs on the first experts' rows. Bars: >= 1.0x
-torch's scaled grouped GEMM, and >= 1000 TFLOP/s at the prefill shapes. The FP8 counterpart of the dense column:
+torch's scaled grouped GEMM, and >= 1000 TFLOP/s at the prefill shapes; beside them the rate at which reading
+the touched experts' FP8 weights, a and the result once at this run's copy bandwidth would run (where the bar
+is above it, no kernel reaches the bar). The FP8 counterpart of the dense column:
 ``torch._scaled_mm`` of one dense [M, K] x [K, N] of the same FLOPs with one scale a tensor (cuBLASLt's plainest
 FP8 GEMM), what this card sustains at the shape's M, N and K when the weights are no concern.
 
@@ -61,7 +63,8 @@ COLUMNS = [("case", "case", None), ("kgen_tflops", "kgen TFLOP/s", ".0f"), ("tor
            ("decode_us", "decode us", ".1f"), ("weights_floor_us", "weights at copy bandwidth us", ".1f"),
            ("over_floor", "decode / weights floor", ".2f"), ("fp8_tflops", "kgen FP8 TFLOP/s", ".0f"),
            ("scaled_tflops", "torch scaled grouped TFLOP/s", ".0f"), ("fp8_over_scaled", "kgen FP8 / torch scaled", ".2f"),
-           ("fp8_dense_tflops", "dense FP8 mm (one B) TFLOP/s", ".0f"), ("fp8_rel_rms", "kgen FP8 vs float64 rel RMS", ".1e"),
+           ("fp8_dense_tflops", "dense FP8 mm (one B) TFLOP/s", ".0f"),
+           ("fp8_streaming_bound_tflops", "FP8 bound: weights, a, out once at copy bandwidth, TFLOP/s", ".0f"), ("fp8_rel_rms", "kgen FP8 vs float64 rel RMS", ".1e"),
            ("torch_status", "torch grouped", None),
            ("swiglu_status", "unfused SwiGLU peer", None), ("scaled_status", "torch scaled grouped", None),
            ("fp8_dense_status", "dense FP8 mm", None)]
@@ -91,7 +94,7 @@ def rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).pow(2).mean().sqrt() / want.float().pow(2).mean().sqrt())
 
 
-def row(layer, tokens: int, routing: str) -> dict[str, Any]:
+def row(layer, tokens: int, routing: str, bandwidth: float) -> dict[str, Any]:
     model, projection, experts, n, k = layer
     rows = tokens * TOP_K
     gen = torch.Generator().manual_seed(rows + experts)
@@ -105,7 +108,7 @@ def row(layer, tokens: int, routing: str) -> dict[str, Any]:
     if projection == "gate+up":
         result.update(swiglu_columns(a, b, offs))
     if torch.cuda.get_device_capability() == (9, 0):
-        result.update(fp8_columns(a, b, offs, flops))
+        result.update(fp8_columns(a, b, offs, flops, bandwidth))
     result["kgen_tflops"] = flops / time_cuda(lambda: grouped_gemm(a, b, offs, out=out), warmup_ms=50, rep_ms=200) / 1e9
     fn, status = torch_grouped()
     result["torch_status"] = status
@@ -147,14 +150,18 @@ def swiglu_columns(a: torch.Tensor, b_gate_up: torch.Tensor, offs: torch.Tensor)
             "swiglu_rel_rms": rel_rms(out, want)}
 
 
-def fp8_columns(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, flops: float) -> dict[str, Any]:
-    """kgen's FP8 grouped GEMM (block scales) against torch's scaled grouped GEMM (row-wise scales)."""
+def fp8_columns(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, flops: float, bandwidth: float) -> dict[str, Any]:
+    """kgen's FP8 grouped GEMM (block scales) against torch's scaled grouped GEMM (row-wise scales), and the rate
+    at which reading the touched experts' weights, a and the result once at the copy bandwidth would run."""
     a8, a_scale = quantize_fp8_blockwise(a)  # the pipeline's own quantizer: its MN-major scales go in as they are
     b8, b_scale = quantize_weights(b)
     out = grouped_gemm(a8, b8, offs, a_scale=a_scale, b_scale=b_scale)
     seconds = time_cuda(lambda: grouped_gemm(a8, b8, offs, a_scale=a_scale, b_scale=b_scale, out=out), warmup_ms=50,
                         rep_ms=200)
-    result: dict[str, Any] = {"fp8_tflops": flops / seconds / 1e9, "scaled_status": "ok"}
+    touched = int((torch.diff(offs, prepend=offs.new_zeros(1)) > 0).sum())
+    moved = touched * b8[0].numel() + a8.numel() + out.numel() * out.element_size()
+    result: dict[str, Any] = {"fp8_tflops": flops / seconds / 1e9, "scaled_status": "ok",
+                              "fp8_streaming_bound_tflops": flops / (moved / bandwidth) / 1e12}
     squared_error = squared_want = 0.0
     start = 0
     for e, end in enumerate(offs[:FP8_CHECKED_EXPERTS].tolist()):
@@ -243,7 +250,7 @@ def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
     for layer in LAYERS:
         for tokens in TOKENS:
             for routing in ROUTINGS:
-                rows.append(row(layer, tokens, routing))
+                rows.append(row(layer, tokens, routing, bandwidth))
                 print(rows[-1], flush=True)
                 torch.cuda.empty_cache()  # the shape's tensors (up to 15 GB of weights) are gone
     write_results(out_dir, NAME, "MoE grouped GEMM, bf16 and FP8", rows, COLUMNS, environment(), notes=[__doc__])
