@@ -1,4 +1,4 @@
-# Session 36 call 1c: paired = wip/gemm-paired 2f762c2 (main's kernels, K steps loaded in pairs so that both steps'
+# Session 36 call 1c: paired = wip/gemm-paired 2d1a686 (main's kernels, K steps loaded in pairs so that both steps'
 # requests for the same rows of b leave together). A/B ABBA of old and paired at the 4096-token shapes (weights
 # streamed from DRAM), bf16, SwiGLU+FP8 and FP8, balanced and Zipf; then the GPU grouped GEMM tests and the MoE
 # racecheck on paired. About 300 s.
