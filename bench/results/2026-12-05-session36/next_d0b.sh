@@ -1,5 +1,5 @@
-# Session 37 call 2: the grouped GEMM GPU tests (the new ones with more tiles than SMs and K on both sides of the
-# skew's gate included) and the MoE racecheck and memcheck on all = wip/gemm-all. About 300 s.
+# Session 37 call 2, where d0.sh ran out of time: the grouped GEMM GPU tests (the new ones with more tiles than SMs
+# and K on both sides of the skew's gate included) and the MoE racecheck and memcheck on all = wip/gemm-all.
 SECONDS=0; DIR=$OUT/d0b; source .ab3/s36/lib.sh
 build all
 gpu_tests all
