@@ -7,7 +7,8 @@
 SECONDS=0; DIR=$OUT/d0; source .ab3/s36/lib.sh
 build old skiprows all
 for t in old skiprows all all skiprows old; do ab $t --calls bf16,swiglu_fp8_out,fp8 --routing balanced,zipf; done
-python3 tools/ab_summary.py $DIR old skiprows all; tail -3 $DIR/ab.err
+python3 tools/ab_summary.py $DIR old skiprows all; python3 tools/ab_summary.py $DIR skiprows all  # the paired loads' share
+tail -3 $DIR/ab.err
 gpu_tests all
 sanitize all racecheck memcheck
 cd $OUT && tar czf d0.tgz d0 && rm -rf d0
