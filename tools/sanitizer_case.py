@@ -155,6 +155,11 @@ def fp8_grouped_gemms() -> None:
     grouped_gemm(torch.randn((4, 150, 128), device="cuda").to(fp8), torch.randn((4, 128, 128), device="cuda").to(fp8),
                  masked_m=torch.tensor([3, 0, 200, -1], dtype=torch.int32, device="cuda"),
                  a_scale=torch.rand((4, 150, 1), device="cuda"), b_scale=torch.rand((4, 1, 1), device="cuda"))
+    # More tiles than SMs (152 of 256 columns) with K of five 128-byte steps, more than the stages: persistent blocks
+    # take several tiles in turn, one tile's end beside the next one's start.
+    grouped_gemm(torch.randn((2100, 640), device="cuda").to(fp8), torch.randn((3, 2048, 640), device="cuda").to(fp8),
+                 torch.tensor([900, 1300, 2100], dtype=torch.int32, device="cuda"),
+                 a_scale=torch.rand((2100, 5), device="cuda"), b_scale=torch.rand((3, 16, 5), device="cuda"))
 
 
 def grouped_gemms() -> None:
