@@ -103,10 +103,12 @@ def test_the_error_beside_the_bf16_kernels_on_the_same_values():
     assert fp8_error <= 2 * bf16_error + 1e-3, (fp8_error, bf16_error)
 
 
-def test_a_block_takes_many_tiles():
+@pytest.mark.parametrize("k", [256, 640])
+def test_a_block_takes_many_tiles(k):
     # More tiles than SMs: each persistent block runs several, so the stages, the step count and the result's
-    # reset at each tile's first K block carry over from tile to tile.
-    sizes, n, k = [2000, 1, 0, 2100], 768, 256
+    # reset at each tile's first K block carry over from tile to tile; with K of fewer steps than the stages and
+    # of more (640: five), where anything that paces the warpgroups by K step crosses from tile to tile.
+    sizes, n = [2000, 1, 0, 2100], 768
     a, a_scale, b, b_scale, offs_host = make_case(sizes, 5, n, k, 13)
     assert (sum(-(-size // 128) for size in sizes) * n // 128) > torch.cuda.get_device_properties(0).multi_processor_count
     offs = torch.tensor(offs_host, dtype=torch.int32, device="cuda")
