@@ -1,6 +1,7 @@
-# Session 37 call 1: all = wip/gemm-all (every branch of session 35 merged on main: the 16-bit skew, silu by
-# __fdividef, FP8's SS form with the skew, the skipped rows, the paired loads) and skiprows = wip/gemm-skip-rows
-# (all of it but the paired loads), against old (main's kernels). A/B ABCCBA over processes, every op (bf16,
+# Session 37 call 1: all = wip/gemm-all (every branch of session 35 merged on main: the 16-bit skew, silu by one
+# MUFU an exponential and a reciprocal, FP8's SS form with the skew, the skipped rows, the paired loads) and
+# skiprows = wip/gemm-skip-rows (all of it but the paired loads and the leaner SwiGLU epilogue, which has silu by
+# __fdividef), against old (main's kernels). A/B ABCCBA over processes, every op (bf16,
 # SwiGLU+FP8, FP8), both routings and token counts; then the grouped GEMM GPU tests and the MoE sanitizers on all.
 # About 500 s (session 31's c4.sh ran 8 A/B processes, tests, both sanitizers, ncu and the record in one call).
 # d0b.sh repeats the tests and sanitizers if this call ran out of time for them.
