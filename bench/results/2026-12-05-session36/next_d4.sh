@@ -1,4 +1,4 @@
-# Session 37, after d0: evict = wip/gemm-evict (all, and a group's last row tile loading b with L2 evict_first, so
+# Session 37, after d0: evict = wip/gemm-evict (all, and b tiles that only one tile reads loaded with L2 evict_first, so
 # that a's rows stay in L2 while the weights stream through) against all: A/B ABBA at 4096 tokens, every op, both
 # routings; ncu's DRAM bytes of the fused SwiGLU at DeepSeek-V3 gate+up 4096 balanced for old, all and evict
 # (a's rows read from DRAM more than once show as bytes past the 15.7 GB that weights, a and the outputs take
