@@ -61,7 +61,7 @@ COLUMNS = [("case", "case", None), ("kgen_tflops", "kgen TFLOP/s", ".0f"), ("tor
            ("swiglu_ms", "fused SwiGLU+FP8 ms", ".3f"), ("unfused_ms", "unfused ms", ".3f"),
            ("fused_over_unfused", "fused / unfused time", ".2f"), ("swiglu_rel_rms", "fused vs unfused rel RMS", ".1e"),
            ("decode_us", "decode us", ".1f"), ("weights_floor_us", "weights at copy bandwidth us", ".1f"),
-           ("over_floor", "decode / weights floor", ".2f"), ("fp8_tflops", "kgen FP8 TFLOP/s", ".0f"),
+           ("over_floor", "decode / weights floor", ".2f"), ("copy_tbs", "copy TB/s", ".2f"), ("fp8_tflops", "kgen FP8 TFLOP/s", ".0f"),
            ("scaled_tflops", "torch scaled grouped TFLOP/s", ".0f"), ("fp8_over_scaled", "kgen FP8 / torch scaled", ".2f"),
            ("fp8_dense_tflops", "dense FP8 mm (one B) TFLOP/s", ".0f"),
            ("fp8_streaming_bound_tflops", "FP8 bound: weights, a, out once at copy bandwidth, TFLOP/s", ".0f"), ("fp8_rel_rms", "kgen FP8 vs float64 rel RMS", ".1e"),
@@ -210,11 +210,13 @@ def fp8_dense_column(a: torch.Tensor, b0: torch.Tensor, flops: float) -> dict[st
 
 def copy_bandwidth() -> float:
     """Bytes a second a device copy moves (read + written), over 2 GB."""
-    # bf16 elements, as the weights: session 16 measured a byte-wise copy of 1 GiB at 2.71 TB/s, far below the
-    # H200's 4.27 TB/s, which made the decode floor too lenient.
+    # Timed call by call, not in a CUDA graph: captured, copy_ becomes a graph memcpy node, which measured 2.71 TB/s
+    # on the H200 in every record up to session 37 (a copy engine's rate, it seems), where the same copy_ timed
+    # as a kernel (the merge bench) moves 4.1-4.2 TB/s; that lower rate made the decode floor and the FP8 streaming
+    # bound too lenient by about 1.55x.
     source = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
     target = torch.empty_like(source)
-    return 2 * source.numel() * source.element_size() / (time_graph(lambda: target.copy_(source), replays_per_sample=10) / 1e3)
+    return 2 * source.numel() * source.element_size() / (time_cuda(lambda: target.copy_(source), warmup_ms=50, rep_ms=200) / 1e3)
 
 
 def decode_row(layer, tokens: int, bandwidth: float) -> dict[str, Any]:
@@ -236,7 +238,8 @@ def decode_row(layer, tokens: int, bandwidth: float) -> dict[str, Any]:
     decode_ms = time_graph(lambda: call(a, b, masked_m=masked_m, out=out))
     floor_ms = int((counts > 0).sum()) * n * k * b.element_size() / bandwidth * 1e3
     return {"case": f"{model} {projection} decode {tokens} tokens (masked)", "rel_rms": rel_rms(out[rows], want[rows]),
-            "decode_us": decode_ms * 1e3, "weights_floor_us": floor_ms * 1e3, "over_floor": decode_ms / floor_ms}
+            "decode_us": decode_ms * 1e3, "weights_floor_us": floor_ms * 1e3, "over_floor": decode_ms / floor_ms,
+            "copy_tbs": bandwidth / 1e12}
 
 
 def run(out_dir: Path, options: argparse.Namespace) -> list[dict[str, Any]]:
