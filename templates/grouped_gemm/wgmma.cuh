@@ -168,12 +168,17 @@ grouped_gemm({{ contract.signature("grouped_gemm") }}) {
         for (int taken = 0;; ++taken) {
             const int slot = taken % kScheduleSlots;
             kgen::mbarrier_wait(kgen::smem_addr(&schedule.full[slot]), (taken / kScheduleSlots) & 1);
-            const ClusterTile scheduled = schedule.tiles[slot];
-            __syncwarp();  // every lane has read the slot before it is released
-            if (lane == 0) kgen::mbarrier_arrive(kgen::smem_addr(&schedule.empty[slot]));
+            // Lane 0 alone reads the slot (it alone issues the copies) and releases it; the others learn only
+            // whether the work is done. (Every lane reading it, then __syncwarp and lane 0's release, is ordered
+            // too, but racecheck reported each reuse of a slot as a hazard.)
+            ClusterTile scheduled{};
+            if (lane == 0) {
+                scheduled = schedule.tiles[slot];
+                kgen::mbarrier_arrive(kgen::smem_addr(&schedule.empty[slot]));
+            }
             const BlockTile tile = scheduled.tile;
             [[maybe_unused]] const bool shares_b = scheduled.shares_b;
-            const bool done = tile.owner.expert < 0;
+            const bool done = __shfl_sync(0xffffffffu, tile.owner.expert < 0, 0) != 0;
             if (lane == 0) {
                 // TMA coordinates are 32-bit: the host keeps a's and b's rows below 2^31.
                 const int a_row = static_cast<int>(tile.owner.first_row);
