@@ -1,6 +1,8 @@
-# Sourced on the device, from the repository root with DIR set (a folder under $OUT), by a call that compares kgen
+# Sourced on the device, from the repository root with DIR set (a folder outside $OUT), by a call that compares kgen
 # trees readied by tools/device_trees.sh. Each function takes tree names (folders of .ab3/trees) and writes its logs
-# to DIR; bench/, tests/ and tools/ are the checkout's own, the kgen they import is the tree's.
+# to DIR; bench/, tests/ and tools/ are the checkout's own, the kgen they import is the tree's. `pack` puts DIR into
+# $OUT as one archive: call it after each step, so that a call cut off at its time limit still brings back what it
+# did (the device returns at most 8 files from $OUT).
 # `python3 -P` for -m runs: without it Python puts the working directory (the checkout) first on sys.path, and kgen
 # build and pytest would import the checkout's kgen instead of the tree's.
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
@@ -48,3 +50,4 @@ record() {
   echo "record $1 rc=$? ${SECONDS}s"
   grep "grouped gemm" "$DIR/record_$1/SUMMARY.md" | grep FAIL | cut -d'|' -f3,4,7
 }
+pack() { tar czf "$OUT/$(basename "$DIR").tgz" -C "$(dirname "$DIR")" "$(basename "$DIR")"; }
