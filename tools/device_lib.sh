@@ -9,7 +9,7 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/
 export PYTHONUNBUFFERED=1
 mkdir -p "$DIR"
 tree() { echo "/tmp/site:$PWD/.ab3/trees/$1:$PWD/tests:$PWD/bench"; }
-# The grouped GEMM and quantizer variants, compiled into the trees' shared cache.
+# The grouped GEMM and quantizer variants, compiled into each tree's own cache (its cache/ folder).
 build() {
   for t in "$@"; do
     PYTHONPATH=$(tree "$t") timeout 100 python3 -P -m kgen build --family grouped_gemm --family quantize_fp8_blockwise -j 16 -q > "$DIR/build_$t.log" 2>&1
